@@ -1,0 +1,121 @@
+"""Installs tfdist_ext and builds its C++ custom-op library.
+
+The op library is compiled from every ``custom_ops/**/*.cc`` with exactly the
+flags `tf.sysconfig` reports (TF_NOTES section 5), into
+``tfdist_ext/ops/_tfdist_ops.so``, and the TensorFlow version it was built for is
+stamped beside it in ``_build_info.json``. A failed build does not fail the
+install: ``import tfdist_ext`` keeps working and only the features that need
+the ops raise an error that says how to rebuild.
+
+Build in place (for a development checkout):
+    python -m pip install --no-build-isolation -e .
+    python setup.py build_ext --inplace        # rebuild the ops only
+"""
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+from distutils.errors import CCompilerError  # pylint: disable=deprecated-module
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = pathlib.Path(__file__).resolve().parent
+OPS_PACKAGE_DIR = "tfdist_ext/ops"
+BUILD_INFO_NAME = "_build_info.json"
+EXTRA_FLAGS = ["-shared", "-fPIC", "-O3", "-Wno-deprecated-declarations",
+               "-Wno-interference-size"]
+if platform.machine() == "x86_64":
+    EXTRA_FLAGS.append("-march=x86-64-v2")  # SSE4.2/POPCNT: every CPU that runs TF's wheel
+
+
+def _tf_flags():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
+def _compile(source, obj, compile_flags):
+    cmd = ["g++", "-c", str(source), "-o", str(obj)] + EXTRA_FLAGS + compile_flags
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return source, result
+
+
+class BuildTfOps(build_ext):
+    """Compiles custom_ops/ into one TF op library with tf.sysconfig flags."""
+
+    def build_extension(self, ext):
+        library = pathlib.Path(self.get_ext_fullpath(ext.name))
+        out_dir = library.parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # The stamp goes beside the built library and into the source package, so
+        # both editable and regular installs carry it.
+        info_paths = {out_dir / BUILD_INFO_NAME, ROOT / OPS_PACKAGE_DIR / BUILD_INFO_NAME}
+        try:
+            tf_version, compile_flags, link_flags = _tf_flags()
+        except ImportError as err:
+            self._give_up(info_paths, f"TensorFlow is not importable ({err})")
+            return
+        sources = sorted((ROOT / "custom_ops").rglob("*.cc"))
+        temp = pathlib.Path(self.build_temp)
+        temp.mkdir(parents=True, exist_ok=True)
+        objects = [temp / (s.relative_to(ROOT).as_posix().replace("/", "_") + ".o")
+                   for s in sources]
+        includes = ["-I" + str(ROOT / "custom_ops"), f'-DTFDIST_TF_VERSION="{tf_version}"']
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            results = list(pool.map(lambda so: _compile(so[0], so[1], includes + compile_flags),
+                                    zip(sources, objects)))
+        failed = [(s, r) for s, r in results if r.returncode != 0]
+        if failed:
+            for source, result in failed:
+                sys.stderr.write(f"--- g++ failed on {source}:\n{result.stderr}\n")
+            self._give_up(info_paths, f"compiling {len(failed)} source(s) failed")
+            return
+        cmd = (["g++"] + [str(o) for o in objects] + ["-o", str(library)]
+               + EXTRA_FLAGS + link_flags)
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            sys.stderr.write(result.stderr)
+            self._give_up(info_paths, "linking the op library failed")
+            return
+        _write_info(info_paths, {"tf_version": tf_version, "compile_flags": compile_flags,
+                                 "link_flags": link_flags,
+                                 "sources": [s.name for s in sources]})
+        print(f"tfdist_ext: built {library} for TensorFlow {tf_version}")
+
+    @staticmethod
+    def _give_up(info_paths, reason):
+        _write_info(info_paths, {"error": reason})
+        raise CCompilerError(
+            f"tfdist_ext custom ops were not built: {reason}. The package installs "
+            "without them; the features that need them raise until rebuilt with "
+            "`python setup.py build_ext --inplace`.")
+
+
+def _write_info(paths, info):
+    for path in paths:
+        path.write_text(json.dumps(info, indent=1))
+
+
+setup(
+    name="tfdist_ext",
+    version="0.1.0",
+    description="Communication-efficient distributed training for Keras 3 / TensorFlow 2.21",
+    packages=find_packages(include=["tfdist_ext", "tfdist_ext.*"]),
+    python_requires=">=3.10",
+    # TensorFlow itself is an extra so GPU users keep `tensorflow` instead of
+    # getting `tensorflow-cpu` beside it; it must be installed before building.
+    install_requires=["keras>=3.15,<4", "numpy", "tensorboard"],
+    extras_require={"cpu": ["tensorflow-cpu==2.21.*"], "gpu": ["tensorflow==2.21.*"],
+                    "examples": ["mnist1d", "scikit-learn", "matplotlib"],
+                    "test": ["pytest", "mnist1d", "scikit-learn", "matplotlib"]},
+    ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True)],
+    cmdclass={"build_ext": BuildTfOps},
+    package_data={"tfdist_ext.ops": [BUILD_INFO_NAME]},
+    entry_points={"console_scripts": ["tfdist-run=tfdist_ext.launch.cli:main"]},
+)

@@ -1,0 +1,35 @@
+"""tfdist_ext: communication-efficient distributed training for Keras 3 / TF 2.21.
+
+    import tfdist_ext as tde
+    with tde.Strategy(allreduce="native").scope():
+        model = build_model()
+        model.compile(...)
+    model.fit(dataset)
+
+Run N local workers with `tfdist-run -np N python train.py`, or set TF_CONFIG on
+each host of a real cluster.
+
+Submodules load on first use, so the launcher (`tfdist_ext.launch`) starts
+without importing TensorFlow.
+"""
+
+import importlib
+import os
+
+# Quiet TF's C++ INFO lines unless the user asked for them (must precede TF import).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+__version__ = "0.1.0"
+
+_SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "launch", "ops",
+               "sync")
+_ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy"}
+__all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfdist_ext.{name}")
+    if name in _ATTRIBUTES:
+        return getattr(importlib.import_module(_ATTRIBUTES[name]), name)
+    raise AttributeError(f"module 'tfdist_ext' has no attribute {name!r}")
