@@ -1,0 +1,146 @@
+"""The alpha-beta-gamma cost of a schedule, computed from the schedule itself.
+
+Reference: R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 19(1), 2005 (the alpha + n*beta +
+n*gamma cost model).
+
+Model: every rank has one full-duplex link (it can send and receive at full
+speed at the same time, to any peers), rounds run in lock-step, so a round
+lasts as long as its busiest rank:
+
+    t(round) = alpha
+             + beta  * max over ranks of max(bytes sent, bytes received)
+             + gamma * max over ranks of bytes reduced (Recv with reduce=True)
+
+and the total is the sum over the rounds in which any rank does anything.
+Because costs come from the schedules, a new algorithm needs no formula here.
+Alpha is charged per round, not per message, so algorithms that send many
+messages per round (all_to_all, master_worker) look better than they are at
+large world sizes; calibrate alpha on the real cluster.
+
+Example:
+    >>> model = CostModel(alpha=5e-6, beta=1 / 12.5e9, gamma=1 / 50e9)
+    >>> best_algorithm(["ring", "tree"], 8, 64 << 20, 4, model)[0]
+    'ring'
+"""
+
+import dataclasses
+import functools
+import math
+from collections.abc import Iterable, Sequence
+
+from tfdist_ext.collectives.schedule import (
+    ALGORITHMS,
+    Recv,
+    Schedule,
+    Send,
+    all_schedules,
+)
+from tfdist_ext.registry import positive_int
+
+# Per non-empty round: (max elements on one rank's link, max elements reduced).
+RoundStats = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Cluster constants of the alpha-beta-gamma model (user-tuned or calibrated).
+
+    Args:
+        alpha: Seconds of latency per round (message start-up).
+        beta: Seconds per byte on one rank's link (1 / bandwidth).
+        gamma: Seconds per byte reduced (1 / reduction throughput).
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(
+                    f"Argument `{field.name}` of CostModel must be a finite "
+                    f"float >= 0 (seconds); received {value!r}.")
+            object.__setattr__(self, field.name, float(value))
+
+
+def _round_stats(schedules: Sequence[Schedule]) -> RoundStats:
+    stats = []
+    for i in range(len(schedules[0].rounds) if schedules else 0):
+        link = reduced = 0
+        for s in schedules:
+            steps = s.rounds[i]
+            sent = sum(x.stop - x.start for x in steps if isinstance(x, Send))
+            received = sum(x.stop - x.start for x in steps if isinstance(x, Recv))
+            added = sum(x.stop - x.start for x in steps
+                        if isinstance(x, Recv) and x.reduce)
+            link, reduced = max(link, sent, received), max(reduced, added)
+        if link:
+            stats.append((link, reduced))
+    return tuple(stats)
+
+
+def _seconds(stats: RoundStats, itemsize: int, model: CostModel) -> float:
+    return sum(model.alpha + model.beta * link * itemsize
+               + model.gamma * reduced * itemsize for link, reduced in stats)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_stats(name: str, world_size: int, num_elements: int) -> RoundStats:
+    return _round_stats(all_schedules(name, world_size, num_elements))
+
+
+def schedule_cost(schedules: Sequence[Schedule], itemsize: int,
+                  model: CostModel) -> float:
+    """Modelled seconds of the schedules of all ranks (in rank order)."""
+    positive_int("itemsize", itemsize)
+    return _seconds(_round_stats(schedules), itemsize, model)
+
+
+def predict(algorithm_name: str, world_size: int, num_bytes: int, itemsize: int,
+            model: CostModel) -> float:
+    """Modelled seconds to all-reduce `num_bytes` with a registered algorithm.
+
+    Raises:
+        ValueError: unknown name (the message lists valid ones), or
+            `num_bytes` not a whole number of `itemsize`-byte elements.
+    """
+    ALGORITHMS.class_for(algorithm_name)
+    positive_int("itemsize", itemsize)
+    positive_int("num_bytes", num_bytes, minimum=0)
+    if num_bytes % itemsize:
+        raise ValueError(
+            f"Argument `num_bytes` must be a multiple of `itemsize` "
+            f"({itemsize}); received {num_bytes}.")
+    stats = _cached_stats(algorithm_name, world_size, num_bytes // itemsize)
+    return _seconds(stats, itemsize, model)
+
+
+def best_algorithm(candidates: Iterable[str] | None, world_size: int,
+                   num_bytes: int, itemsize: int,
+                   model: CostModel) -> tuple[str, float]:
+    """The fastest candidate under `model`, and its modelled seconds.
+
+    Args:
+        candidates: Registered names to choose from; None means all of them.
+        world_size, num_bytes, itemsize, model: as in `predict`.
+
+    Returns:
+        ``(name, seconds)``; ties go to the alphabetically first name, so
+        every rank picks the same algorithm from the same inputs.
+    """
+    if candidates is None:
+        candidates = ALGORITHMS.names()
+    elif isinstance(candidates, str):
+        candidates = [candidates]
+    names = sorted(set(candidates))
+    if not names:
+        raise ValueError(
+            f"Argument `candidates` must name at least one algorithm; valid "
+            f"names: {', '.join(ALGORITHMS.names())}.")
+    costs = [(predict(n, world_size, num_bytes, itemsize, model), n) for n in names]
+    seconds, name = min(costs)
+    return name, seconds

@@ -1,0 +1,150 @@
+"""The `allreduce=` option of `tfdist_ext.Strategy`: which algorithm reduces what.
+
+Accepted forms:
+    * a name: ``"native"`` (TF's own CollectiveReduceV2 ring) or a name listed
+      by `available_algorithms()`;
+    * a dict ``{"name": "ring", "bytes_per_pack": 4 << 20}``;
+    * a size-range dict ``{"<64KB": "butterfly", ">=64KB": "ring"}`` that picks
+      the algorithm per fused buffer by its size in bytes; the ranges must
+      cover every size exactly once;
+    * an `AllReduce` instance.
+"""
+
+import dataclasses
+import math
+import re
+from typing import Tuple
+
+from tfdist_ext.registry import positive_int
+
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+_BOUND = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
+
+# Algorithms the engines can run; the graph engine extends this when it lands.
+_ENGINE_ALGORITHMS = ["native"]
+
+
+def available_algorithms() -> Tuple[str, ...]:
+    """Names accepted for `allreduce=`."""
+    return tuple(_ENGINE_ALGORITHMS)
+
+
+def register_engine_algorithms(names):
+    """Called by an engine to make its algorithm names selectable."""
+    for name in names:
+        if name not in _ENGINE_ALGORITHMS:
+            _ENGINE_ALGORITHMS.append(name)
+
+
+def parse_size(text: str) -> int:
+    """"64KB" -> 65536 (binary units B, KB, MB, GB)."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"Cannot read the size {text!r}; use e.g. '512B', '64KB', '4MB'.")
+    unit = match.group(2).upper()
+    if unit and not unit.endswith("B"):
+        unit += "B"  # "64K" means 64KB
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _check_algorithm(name, where="allreduce"):
+    if name not in available_algorithms():
+        raise ValueError(
+            f"Unknown {where} algorithm {name!r}. Valid names: "
+            f"{', '.join(repr(n) for n in available_algorithms())}.")
+    return name
+
+
+def _parse_bound(key: str):
+    """'<64KB' -> (lo, hi) with lo inclusive and hi exclusive, in bytes."""
+    match = _BOUND.match(key)
+    if not match:
+        raise ValueError(
+            f"Argument `allreduce`: cannot read the size range {key!r}. Use keys like "
+            "'<64KB', '>=64KB', '<=1MB' or '>1MB' (units B, KB, MB, GB).")
+    op, number, unit = match.groups()
+    size = parse_size(number + unit)
+    return {"<": (0, size), "<=": (0, size + 1), ">": (size + 1, math.inf),
+            ">=": (size, math.inf)}[op]
+
+
+def _parse_ranges(spec: dict):
+    ranges = sorted((_parse_bound(key) + (_check_algorithm(name, f"allreduce[{key!r}]"),)
+                     for key, name in spec.items()), key=lambda r: (r[0], r[1]))
+    position = 0
+    for lo, hi, _ in ranges:
+        if lo != position:
+            problem = "overlap" if lo < position else f"leave sizes {position}..{lo - 1} uncovered"
+            raise ValueError(
+                f"Argument `allreduce`: the size ranges {list(spec)} {problem}. Give "
+                "ranges that cover every size exactly once, e.g. "
+                "{'<64KB': 'butterfly', '>=64KB': 'ring'}.")
+        position = hi
+    if position != math.inf:
+        raise ValueError(
+            f"Argument `allreduce`: the size ranges {list(spec)} leave sizes >= "
+            f"{position} bytes uncovered. Add a range like '>={position}B'.")
+    return tuple(ranges)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+    """How fused gradient buffers are all-reduced.
+
+    Args:
+        algorithm: Algorithm for every buffer size (ignored when `by_size` is
+            given). Defaults to "native".
+        by_size: Tuple of (lo_bytes, hi_bytes, algorithm) covering [0, inf),
+            normally built from a size-range dict.
+        bytes_per_pack: Gradients are fused into flat buffers of at most this
+            many bytes before reduction (0: one buffer per dtype). Defaults to 0.
+    """
+
+    algorithm: str = "native"
+    by_size: Tuple[Tuple[float, float, str], ...] = ()
+    bytes_per_pack: int = 0
+
+    def __post_init__(self):
+        if not self.by_size:
+            _check_algorithm(self.algorithm)
+        positive_int("bytes_per_pack", self.bytes_per_pack, minimum=0)
+
+    def algorithm_for(self, num_bytes: int) -> str:
+        """The algorithm that reduces a buffer of `num_bytes`."""
+        for lo, hi, name in self.by_size:
+            if lo <= num_bytes < hi:
+                return name
+        return self.algorithm
+
+    @property
+    def algorithms(self) -> Tuple[str, ...]:
+        """Every algorithm this configuration may use."""
+        return tuple(sorted({r[2] for r in self.by_size})) or (self.algorithm,)
+
+
+def get(identifier) -> AllReduce:
+    """An `AllReduce` from a name, dict, size-range dict, instance or None."""
+    if identifier is None:
+        return AllReduce()
+    if isinstance(identifier, AllReduce):
+        return identifier
+    if isinstance(identifier, str):
+        return AllReduce(algorithm=identifier)
+    if isinstance(identifier, dict):
+        if "name" in identifier:
+            kwargs = dict(identifier)
+            allowed = {f.name for f in dataclasses.fields(AllReduce)} - {"algorithm"}
+            name = kwargs.pop("name")
+            unknown = sorted(set(kwargs) - allowed)
+            if unknown:
+                raise ValueError(f"Argument `allreduce` got unknown option(s) {unknown}. "
+                                 f"Allowed: ['name', {', '.join(map(repr, sorted(allowed)))}].")
+            return AllReduce(algorithm=name, **kwargs)
+        if not identifier:
+            raise ValueError("Argument `allreduce` got an empty dict; give a name or "
+                             "size ranges like {'<64KB': 'butterfly', '>=64KB': 'ring'}.")
+        return AllReduce(by_size=_parse_ranges(identifier))
+    raise TypeError(
+        f"Argument `allreduce` must be a name, a dict or an AllReduce; received "
+        f"{identifier!r} of type {type(identifier).__name__}. Valid names: "
+        f"{', '.join(repr(n) for n in available_algorithms())}.")
