@@ -1,0 +1,53 @@
+"""Every private TensorFlow / Keras import tfdist_ext relies on, in one place.
+
+These are internal APIs of TensorFlow 2.21 and Keras 3.15 (see
+../shared/TF_NOTES.md); when upgrading TensorFlow, this module and the C++
+kernels are what to re-check. Nothing else in the package may import
+`tensorflow.python.*` or `keras.src.*`.
+"""
+
+# pylint: disable=unused-import,g-direct-tensorflow-import
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import collective_util
+from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
+from tensorflow.python.distribute import cross_device_utils
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import reduce_util
+from tensorflow.python.distribute import values as distribute_values
+from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
+from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tensorflow.python.eager import context
+from tensorflow.python.util import nest
+
+CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
+CollectiveKeys = cross_device_utils.CollectiveKeys
+CommunicationOptions = collective_util.Options
+ReduceOp = reduce_util.ReduceOp
+SimpleClusterResolver = cluster_resolver_lib.SimpleClusterResolver
+TFConfigClusterResolver = tfconfig_cluster_resolver.TFConfigClusterResolver
+
+
+def strategy_init(strategy, extended):
+    """Runs `tf.distribute.Strategy.__init__` (skipping MWMS's own __init__)."""
+    distribute_lib.Strategy.__init__(strategy, extended)
+
+
+def is_distributed_value(value):
+    return isinstance(value, distribute_values.DistributedValues)
+
+
+def record_strategy_gauges(num_workers, replicas_per_worker):
+    """Keeps TF's usage gauges as MultiWorkerMirroredStrategy would set them."""
+    distribute_lib.distribution_strategy_gauge.get_cell("V2").set(
+        "MultiWorkerMirroredStrategy")
+    distribute_lib.distribution_strategy_replica_gauge.get_cell("num_workers").set(
+        num_workers)
+    distribute_lib.distribution_strategy_replica_gauge.get_cell(
+        "num_replicas_per_worker").set(replicas_per_worker)
+
+
+def coordination_service_kv():
+    """(set, get) functions of the coordination service's key-value store."""
+    ctx = context.context()
+    return ctx.set_config_key_value, ctx.get_config_key_value

@@ -1,0 +1,136 @@
+"""Where the replicas are: TF_CONFIG validation and local device selection.
+
+Two ways to get replicas:
+    * TF_CONFIG set (by `tfdist-run` or by a deployment): one process per worker,
+      one replica per worker on CPU (one per GPU on GPU machines).
+    * No TF_CONFIG: the local devices of this process; `num_replicas=N` on a
+      machine without enough GPUs splits the CPU into N logical devices, which
+      gives real collectives between N replicas in one process.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+TF_CONFIG = "TF_CONFIG"
+_WORKER_JOBS = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """A validated TF_CONFIG.
+
+    Attributes:
+        jobs: Job name -> list of "host:port" addresses.
+        task_type: This process's job name.
+        task_index: This process's index in its job.
+    """
+
+    jobs: Dict[str, List[str]]
+    task_type: str
+    task_index: int
+
+    @property
+    def num_workers(self) -> int:
+        return sum(len(self.jobs.get(job, ())) for job in _WORKER_JOBS)
+
+    def resolver(self):
+        """A `tf.distribute` cluster resolver for this spec."""
+        return _compat.SimpleClusterResolver(
+            tf.train.ClusterSpec(self.jobs), task_type=self.task_type,
+            task_id=self.task_index, rpc_layer="grpc")
+
+
+def _config_error(problem: str, raw: str) -> ValueError:
+    shown = raw if len(raw) <= 300 else raw[:300] + "..."
+    return ValueError(
+        f"Environment variable TF_CONFIG is invalid: {problem}. Received: {shown}. "
+        'Expected JSON like {"cluster": {"worker": ["host0:port", "host1:port"]}, '
+        '"task": {"type": "worker", "index": 0}}; unset TF_CONFIG to train on local '
+        "devices, or let `tfdist-run -np N` write it.")
+
+
+def parse_tf_config(raw: Optional[str]) -> Optional[ClusterSpec]:
+    """Validates the text of TF_CONFIG; None or blank means "no cluster".
+
+    Raises:
+        ValueError: naming what is wrong (bad JSON, missing task, index out of
+            range, ...), the value received and the expected form.
+    """
+    if raw is None or not raw.strip():
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise _config_error(f"it is not valid JSON ({err.msg} at char {err.pos})", raw) from None
+    if not isinstance(config, dict):
+        raise _config_error("the top level must be a JSON object", raw)
+    cluster = config.get("cluster")
+    if not cluster:
+        if config.get("task"):
+            raise _config_error('"task" is given but "cluster" is missing or empty', raw)
+        return None  # TF treats a TF_CONFIG without cluster as local training.
+    if not isinstance(cluster, dict) or not all(
+            isinstance(v, list) and all(isinstance(a, str) and ":" in a for a in v)
+            for v in cluster.values()):
+        raise _config_error('"cluster" must map job names to lists of "host:port" strings',
+                            raw)
+    if not any(cluster.get(job) for job in _WORKER_JOBS):
+        raise _config_error('"cluster" has no "worker" or "chief" job', raw)
+    task = config.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise _config_error('"task" with "type" and "index" is missing', raw)
+    task_type, index = task["type"], task["index"]
+    if task_type not in cluster:
+        raise _config_error(f'task type {task_type!r} is not a job of "cluster" '
+                            f"({', '.join(sorted(cluster))})", raw)
+    if isinstance(index, bool) or not isinstance(index, int) or not (
+            0 <= index < len(cluster[task_type])):
+        raise _config_error(f"task index {index!r} is out of range for job "
+                            f"{task_type!r} with {len(cluster[task_type])} task(s) "
+                            f"(allowed: 0..{len(cluster[task_type]) - 1})", raw)
+    return ClusterSpec(jobs={k: list(v) for k, v in cluster.items()},
+                       task_type=task_type, task_index=index)
+
+
+def cluster_from_env() -> Optional[ClusterSpec]:
+    """The validated TF_CONFIG of this process, or None."""
+    return parse_tf_config(os.environ.get(TF_CONFIG))
+
+
+def local_devices(num_replicas: int) -> List[str]:
+    """Names of `num_replicas` local devices: GPUs if there are enough, else CPUs.
+
+    On CPU this splits the physical CPU into `num_replicas` logical devices,
+    which must happen before TensorFlow initialises its runtime.
+
+    Raises:
+        RuntimeError: TensorFlow was already initialised with fewer logical CPUs.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= num_replicas:
+        return [f"/device:GPU:{i}" for i in range(num_replicas)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu) or []
+    if len(configured) < num_replicas:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas)
+        except RuntimeError:
+            # Already initialised (listing devices here would initialise it, which
+            # must not happen before the strategy configures collectives).
+            available = len(tf.config.list_logical_devices("CPU"))
+            if available < num_replicas:
+                raise RuntimeError(
+                    f"Strategy(num_replicas={num_replicas}) needs {num_replicas} logical "
+                    f"CPU devices, but TensorFlow was already initialised with "
+                    f"{available}. Create the strategy before running any TensorFlow "
+                    "op or creating a tensor, or call "
+                    "tfdist_ext.cluster.local_devices(N) first thing in the program."
+                ) from None
+    return [f"/device:CPU:{i}" for i in range(num_replicas)]

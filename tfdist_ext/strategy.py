@@ -1,0 +1,185 @@
+"""`tfdist_ext.Strategy`: MultiWorkerMirroredStrategy with our cross-device ops.
+
+    with tfdist_ext.Strategy(allreduce="native").scope():
+        model = build_model()
+        model.compile(...)
+    model.fit(dataset)
+
+With TF_CONFIG (written by `tfdist-run`, or by a deployment) each worker process
+runs one replica (one per GPU on GPU machines); without it the strategy uses the
+local devices, and `num_replicas=N` on a CPU-only machine makes N logical CPU
+replicas in one process.
+
+Besides owning the cross-device ops, the strategy repairs two Keras 3.15 bugs
+of stock MultiWorkerMirroredStrategy (keras-team/keras#20585): `reduce` on a
+nest of per-replica values, and `reduce(..., axis=0)` on per-replica scalars.
+"""
+
+import dataclasses
+import itertools
+import logging
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist_ext import _compat, bucketing, cluster, compression, sync
+from tfdist_ext.collectives import options as allreduce_options
+from tfdist_ext.cross_device_ops import CrossDeviceOps
+from tfdist_ext.ops import _loader as ops_loader
+from tfdist_ext.registry import positive_int
+
+log = logging.getLogger("tfdist_ext")
+ops_loader.check_build()
+
+# Collective group keys: TF's stock strategies count from 1; each tfdist_ext
+# Strategy instance owns [base, base + _KEY_SPAN), TF's CollectiveKeys in the
+# lower half and the plugin's own point-to-point groups in the upper half.
+_KEY_BASE = 100_000
+_KEY_SPAN = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+    """The four independent choices of a strategy, validated.
+
+    Attributes:
+        allreduce: A `tfdist_ext.collectives.AllReduce`.
+        compression: A `tfdist_ext.compression.Compressor`.
+        sync: A `tfdist_ext.sync.SyncPolicy`.
+        bucketing: A `tfdist_ext.bucketing.Planner` or None (one bucket).
+    """
+
+    allreduce: Any
+    compression: Any
+    sync: Any
+    bucketing: Any
+
+    @classmethod
+    def from_args(cls, allreduce=None, compression_=None, sync_=None, bucketing_=None):
+        return cls(allreduce=allreduce_options.get(allreduce),
+                   compression=compression.get(compression_),
+                   sync=sync.get(sync_),
+                   bucketing=bucketing.get(bucketing_))
+
+    def communication_options(self):
+        """TF communication options implied by the configuration."""
+        pack = self.allreduce.bytes_per_pack
+        if isinstance(self.bucketing, bucketing.FixedSize):
+            pack = self.bucketing.bytes_per_bucket
+        return _compat.CommunicationOptions(bytes_per_pack=pack)
+
+    def describe(self) -> str:
+        return (f"allreduce={self.allreduce}, compression={self.compression}, "
+                f"sync={self.sync}, bucketing={self.bucketing}")
+
+
+class _Extended(_compat.CollectiveAllReduceExtended):
+    """MWMS internals with tfdist_ext cross-device ops swapped in."""
+
+    def __init__(self, container_strategy, config, devices):
+        self.tfdist_config = config
+        super().__init__(container_strategy, cluster_resolver=None,
+                         communication_options=config.communication_options(),
+                         devices=devices)
+
+    def _initialize_local(self, cluster_resolver, devices=None):
+        super()._initialize_local(cluster_resolver, devices=devices)
+        self._install_cross_device_ops()
+
+    def _initialize_multi_worker(self, cluster_resolver):
+        super()._initialize_multi_worker(cluster_resolver)
+        self._install_cross_device_ops()
+
+    def _install_cross_device_ops(self):
+        native = self._cross_device_ops
+        self._cross_device_ops = CrossDeviceOps(
+            native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
+            self._collective_keys, self.tfdist_config)
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).
+        if not _compat.is_distributed_value(value) and _compat.nest.is_nested(value):
+            return _compat.nest.map_structure(
+                lambda v: super(_Extended, self)._reduce_to(reduce_op, v, destinations,
+                                                            options), value)
+        return super()._reduce_to(reduce_op, value, destinations, options)
+
+
+class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Data-parallel training with a choice of how gradients travel.
+
+    A `tf.distribute.MultiWorkerMirroredStrategy` (so Keras and TF treat it as
+    one) whose cross-device reductions are tfdist_ext's. Build the model, the
+    optimizer and `compile` under `strategy.scope()`; `model.fit` is unchanged.
+
+    Args:
+        allreduce: Algorithm name, size-range dict or
+            `tfdist_ext.collectives.AllReduce`. Defaults to "native" (TF's ring).
+        compression: Name, dict or `tfdist_ext.compression.Compressor`.
+            Defaults to "none".
+        sync: Name, dict or `tfdist_ext.sync.SyncPolicy`. Defaults to "sync".
+        bucketing: None (one fused buffer per dtype), a name, dict or
+            `tfdist_ext.bucketing.Planner`.
+        num_replicas: Without TF_CONFIG: number of local replicas (GPUs if there
+            are that many, else logical CPU devices). Must be None with
+            TF_CONFIG, where each worker runs its local devices.
+
+    Raises:
+        ValueError: Invalid TF_CONFIG or option, naming the argument and the
+            valid values.
+    """
+
+    _key_counter = itertools.count()
+
+    def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
+                 num_replicas: Optional[int] = None):
+        config = StrategyConfig.from_args(allreduce, compression, sync, bucketing)
+        spec = cluster.cluster_from_env()
+        devices = None
+        if num_replicas is not None:
+            positive_int("num_replicas", num_replicas)
+            if spec is not None:
+                raise ValueError(
+                    f"Argument `num_replicas` ({num_replicas}) cannot be combined with "
+                    f"TF_CONFIG: with a cluster each worker runs one replica per local "
+                    "GPU (one on CPU). Drop `num_replicas`, or unset TF_CONFIG to run "
+                    f"{num_replicas} replicas in this process.")
+            devices = cluster.local_devices(num_replicas)
+        # TF's CollectiveAllReduceExtended reads the key base off the container.
+        self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
+        _compat.strategy_init(self, _Extended(self, config, devices))
+        extended = self.extended
+        _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
+                                       extended._num_devices_per_worker)  # pylint: disable=protected-access
+        self.config = config
+        self.cluster = spec
+        log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
+                 extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
+                 config.describe())
+
+    @property
+    def collective_key_range(self):
+        """(first, last + 1) collective group keys this strategy may use."""
+        return (self._collective_key_base, self._collective_key_base + _KEY_SPAN)
+
+    def reduce(self, reduce_op, value, axis=None):
+        """`tf.distribute.Strategy.reduce`, accepting nests and per-replica scalars.
+
+        Stock MultiWorkerMirroredStrategy fails on both in Keras 3.15 `fit`
+        (keras-team/keras#20585): a reduction over `axis` of a rank-0 value is
+        the plain cross-replica reduction, so `axis` is dropped for scalars.
+        """
+
+        def reduce_one(v):
+            leaf_axis = None if axis is None or _rank(v) == 0 else axis
+            return super(Strategy, self).reduce(reduce_op, v, leaf_axis)
+
+        return _compat.nest.map_structure(reduce_one, value)
+
+
+def _rank(value):
+    if _compat.is_distributed_value(value):
+        value = value.values[0]
+    shape = getattr(value, "shape", None)
+    return tf.TensorShape(shape).rank if shape is not None else np.ndim(value)
