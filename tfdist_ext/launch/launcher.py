@@ -1,0 +1,200 @@
+"""Starts N worker processes on this machine, one TF_CONFIG each, and supervises them.
+
+Each worker is its own process group (so a worker's children stop with it),
+with TF_CONFIG naming every worker at 127.0.0.1 on a free port. Output lines
+are prefixed with the worker index. The job's exit code is the first non-zero
+exit code; when a worker fails, the others are stopped (SIGTERM, then SIGKILL
+after `grace` seconds) and the launcher says which worker failed and how.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence
+
+# Lines TF / gRPC / absl print that say nothing a user can act on.
+NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|[IW]\d{4} [\d:.]+\s+\d+ \S+\.(cc|h):\d+\]"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+    r"|WARNING:tensorflow:Collective ops is not configured at program startup)")
+
+EXIT_TIMEOUT = 124
+
+
+@dataclasses.dataclass
+class Worker:
+    index: int
+    process: subprocess.Popen
+    returncode: Optional[int] = None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
+    """`count` distinct ports that were free a moment ago on `host`."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_configs(addresses: Sequence[str]) -> List[str]:
+    """One TF_CONFIG JSON string per worker of a cluster of `addresses`."""
+    cluster = {"worker": list(addresses)}
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            for i in range(len(addresses))]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def shell_code(code: int) -> int:
+    """A process's return code as a shell would report it (128+N for signals)."""
+    return 128 - code if code < 0 else code
+
+
+class Launcher:
+    """Runs one job of `num_workers` copies of `command`.
+
+    Args:
+        num_workers: Number of worker processes (>= 1).
+        command: The program and its arguments.
+        timeout: Seconds after which the whole job is stopped (exit code 124),
+            or None.
+        grace: Seconds between SIGTERM and SIGKILL when stopping workers.
+        verbose: Also show TF's C++ log lines that are filtered by default.
+        env: Extra environment variables for every worker.
+        out: Stream for the prefixed output and the launcher's messages.
+    """
+
+    def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
+                 verbose=False, env=None, out=None):
+        self.num_workers = num_workers
+        self.command = list(command)
+        self.timeout = timeout
+        self.grace = grace
+        self.verbose = verbose
+        self.env = dict(env or {})
+        self.out = out or sys.stdout
+        self.workers: List[Worker] = []
+        self._pumps: List[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stop_signal: Optional[int] = None
+
+    def say(self, message: str):
+        with self._lock:
+            self.out.write(f"tfdist-run: {message}\n")
+            self.out.flush()
+
+    def _pump(self, worker: Worker):
+        for raw in iter(worker.process.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not self.verbose and NOISE.match(line):
+                continue
+            with self._lock:
+                self.out.write(f"[{worker.index}] {line}\n")
+                self.out.flush()
+
+    def _start(self):
+        ports = free_ports(self.num_workers)
+        configs = tf_configs([f"127.0.0.1:{p}" for p in ports])
+        for index, config in enumerate(configs):
+            env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1", **self.env)
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            env.setdefault("GRPC_VERBOSITY", "ERROR")
+            process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+            worker = Worker(index, process)
+            self.workers.append(worker)
+            pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
+            pump.start()
+            self._pumps.append(pump)
+
+    def _signal_all(self, sig):
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                try:
+                    os.killpg(worker.process.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def stop_all(self):
+        """SIGTERM every live worker group, then SIGKILL what is left after `grace`."""
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline and any(
+                w.process.poll() is None for w in self.workers):
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+        for worker in self.workers:
+            worker.process.wait()
+            worker.returncode = worker.process.returncode
+            try:  # Children a worker left behind in its group.
+                os.killpg(worker.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _on_signal(self, signum, _frame):
+        self._stop_signal = signum
+
+    def run(self) -> int:
+        """Runs the job to the end and returns its exit code."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            code = self._supervise()
+            for pump in self._pumps:  # Flush what the workers printed last.
+                pump.join(timeout=2.0)
+            return code
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _supervise(self) -> int:
+        self._start()
+        started = time.monotonic()
+        while True:
+            if self._stop_signal is not None:
+                name = signal.Signals(self._stop_signal).name
+                self.say(f"received {name}; stopping all {self.num_workers} workers.")
+                self._signal_all(self._stop_signal)
+                self.stop_all()
+                return 128 + self._stop_signal
+            if self.timeout is not None and time.monotonic() - started > self.timeout:
+                self.say(f"timeout of {self.timeout:g} s reached; stopping all workers.")
+                self.stop_all()
+                return EXIT_TIMEOUT
+            for worker in self.workers:
+                code = worker.process.poll()
+                if code is not None and code != 0 and worker.returncode is None:
+                    worker.returncode = code
+                    running = [w.index for w in self.workers if w.process.poll() is None]
+                    self.say(f"worker {worker.index} (pid {worker.process.pid}) "
+                             f"{describe_exit(code)}; stopping workers {running}.")
+                    self.stop_all()
+                    return shell_code(code)
+            if all(w.process.poll() == 0 for w in self.workers):
+                return 0
+            time.sleep(0.05)
