@@ -1,0 +1,53 @@
+"""Shared test set-up: logical CPU replicas and multi-worker launches.
+
+TensorFlow's devices are fixed the first time its runtime initialises, and all
+in-process tests share one runtime, so the 8 logical CPUs every test may use are
+created here, before any test runs.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_LOCAL_REPLICAS = 8
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multiworker: launches worker processes")
+    from tfdist_ext import cluster  # pylint: disable=import-outside-toplevel
+
+    os.environ.pop("TF_CONFIG", None)
+    cluster.local_devices(MAX_LOCAL_REPLICAS)
+
+
+def launch(num_workers, args, timeout=300, extra_env=None):
+    """Runs `python args...` on `num_workers` workers through tfdist-run.
+
+    Returns:
+        (exit code, combined output, seconds taken).
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
+    env.pop("TF_CONFIG", None)
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers),
+         "--timeout", str(timeout), sys.executable, *map(str, args)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout + 30,
+        check=False)
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - start
+
+
+def read_worker_json(directory, num_workers, name="w{worker}.json"):
+    return [json.loads((pathlib.Path(directory) / name.format(worker=i)).read_text())
+            for i in range(num_workers)]
+
+
+@pytest.fixture
+def launch_workers():
+    return launch

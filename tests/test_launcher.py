@@ -1,0 +1,127 @@
+"""tfdist-run with plain Python workers (no TensorFlow, so each case takes ~1 s)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfdist_ext.launch import cli, free_ports, tf_configs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Each worker learns its index from TF_CONFIG, records its pid (and a child's).
+WORKER = """
+import json, os, subprocess, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open(os.path.join(sys.argv[1], f"pids{index}"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+print(f"hello from {index}", flush=True)
+mode = sys.argv[2]
+if mode == "fail" and index == 1:
+    time.sleep(0.5)
+    sys.exit(3)
+if mode == "ok":
+    child.kill()
+    sys.exit(0)
+time.sleep(120)
+"""
+
+
+def _start(tmp_path, num_workers, mode, *options):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers), *options,
+         sys.executable, str(script), str(tmp_path), mode],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def _pids(tmp_path, num_workers, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [tmp_path / f"pids{i}" for i in range(num_workers)]
+        if all(f.exists() and f.read_text() for f in files):
+            return [int(p) for f in files for p in f.read_text().split()]
+        time.sleep(0.05)
+    raise AssertionError("workers did not start")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:  # zombies are gone too
+        return f.read().split()[2] != "Z"
+
+
+def test_success_prefixes_output_and_returns_zero(tmp_path):
+    launcher = _start(tmp_path, 3, "ok")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, out
+    for i in range(3):
+        assert f"[{i}] hello from {i}" in out
+
+
+def test_failing_worker_stops_the_others_and_is_named(tmp_path):
+    launcher = _start(tmp_path, 3, "fail")
+    pids = _pids(tmp_path, 3)
+    start = time.monotonic()
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 3, out
+    assert time.monotonic() - start < 10
+    assert "worker 1 (pid" in out and "exited with code 3; stopping workers [0, 2]" in out
+    time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []  # workers and their children
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_reaches_every_worker(tmp_path, sig, code):
+    launcher = _start(tmp_path, 2, "hang", "--grace", "1")
+    pids = _pids(tmp_path, 2)
+    launcher.send_signal(sig)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == code, out
+    assert f"received {sig.name}; stopping all 2 workers" in out
+    time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_timeout_stops_the_job(tmp_path):
+    launcher = _start(tmp_path, 2, "hang", "--timeout", "2", "--grace", "1")
+    pids = _pids(tmp_path, 2)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 124, out
+    assert "timeout of 2 s reached" in out
+    assert [p for p in pids if _alive(p)] == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "0", "true"], "argument -np/--num-workers: must be a number >= 1; received '0'"),
+    (["-np", "two", "true"], "received 'two'"),
+    (["-np", "2"], "no command given"),
+    (["-np", "2", "--timeout", "-1", "true"], "argument --timeout: must be a number >= 0.001"),
+])
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_program_is_reported(capsys):
+    assert cli.main(["-np", "2", "/nonexistent/program"]) == 127
+    assert "cannot start '/nonexistent/program'" in capsys.readouterr().out
+
+
+def test_ports_are_distinct_and_configs_name_every_worker():
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    configs = tf_configs(["a:1", "b:2"])
+    assert '"index": 1' in configs[1] and '"worker": ["a:1", "b:2"]' in configs[0]

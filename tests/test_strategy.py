@@ -1,0 +1,126 @@
+"""tfdist_ext.Strategy with logical-CPU replicas in this process."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext import collectives
+
+CPUS = [f"/device:CPU:{i}" for i in range(4)]
+
+
+def _model():
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(3)])
+
+
+def _fit(strategy, init_weights, x, y):
+    with strategy.scope():
+        model = _model()
+        model.set_weights(init_weights)
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+    return model.get_weights(), history.history["loss"]
+
+
+def test_is_a_multi_worker_mirrored_strategy_with_our_ops():
+    strategy = tfdist_ext.Strategy(num_replicas=4)
+    assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    assert strategy.num_replicas_in_sync == 4
+    assert type(strategy.extended._cross_device_ops).__module__ == "tfdist_ext.cross_device_ops"
+    assert strategy.cluster is None
+
+
+def test_fit_matches_mirrored_strategy_on_the_same_devices():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 6)).astype("float32")
+    y = rng.integers(0, 3, size=256).astype("int32")
+    keras.utils.set_random_seed(1)
+    init = _model().get_weights()
+    ours, ours_loss = _fit(tfdist_ext.Strategy(num_replicas=4), init, x, y)
+    reference, ref_loss = _fit(tf.distribute.MirroredStrategy(CPUS), init, x, y)
+    assert ours_loss[-1] < ours_loss[0]
+    np.testing.assert_allclose(ours_loss, ref_loss, rtol=1e-5)
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not all(np.array_equal(a, b) for a, b in zip(ours, init))
+
+
+def test_two_strategies_on_the_same_devices_do_not_collide():
+    first, second = tfdist_ext.Strategy(num_replicas=4), tfdist_ext.Strategy(num_replicas=4)
+    lo1, hi1 = first.collective_key_range
+    lo2, hi2 = second.collective_key_range
+    assert hi1 <= lo2 or hi2 <= lo1
+    assert lo1 > 1000 and lo2 > 1000  # clear of the stock strategies' keys (from 1)
+
+    def all_reduce(strategy, dtype):
+        fn = tf.function(lambda: strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.ones([5], dtype))))
+        return strategy.experimental_local_results(fn())
+
+    # A dtype change on colliding keys would abort the process-wide executor.
+    for result in all_reduce(first, tf.float32) + all_reduce(second, tf.float64):
+        np.testing.assert_array_equal(result.numpy(), np.full(5, 4.0))
+    for result in all_reduce(first, tf.float64):
+        np.testing.assert_array_equal(result.numpy(), np.full(5, 4.0))
+
+
+def test_reduce_accepts_nests_and_per_replica_scalars():
+    strategy = tfdist_ext.Strategy(num_replicas=2)
+    per_replica = strategy.run(tf.function(lambda: (
+        tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32),
+        tf.ones([3]))))
+    nest = strategy.reduce("SUM", per_replica, axis=None)
+    assert float(nest[0]) == 1.0 and nest[1].numpy().tolist() == [2.0, 2.0, 2.0]
+    assert float(strategy.reduce("MEAN", per_replica[0], axis=0)) == 0.5
+    assert float(strategy.reduce("MEAN", per_replica[1], axis=0)) == 1.0
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native'"),
+    ({"compression": "topkk"}, ValueError, r"Unknown compression 'topkk'. Valid names: 'none'"),
+    ({"sync": "async"}, ValueError, r"Unknown sync 'async'. Valid names: 'sync'"),
+    ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed'"),
+    ({"bucketing": {"name": "fixed", "bytes_per_bucket": 0}}, ValueError,
+     r"Argument `bytes_per_bucket` must be an integer >= 1; received 0"),
+    ({"allreduce": {"name": "native", "colour": 1}}, ValueError, r"unknown option\(s\) \['colour'\]"),
+    ({"allreduce": 3}, TypeError, r"Argument `allreduce` must be a name, a dict or an AllReduce; received 3"),
+    ({"num_replicas": 0}, ValueError, r"Argument `num_replicas` must be an integer >= 1; received 0"),
+    ({"num_replicas": -2}, ValueError, r"received -2"),
+])
+def test_bad_options_are_rejected_with_the_valid_values(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        tfdist_ext.Strategy(**kwargs)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"<64KB": "native", ">64KB": "native"}, r"leave sizes 65536..65536 uncovered"),
+    ({"<64KB": "native", "<=1MB": "native", ">=32KB": "native"}, r"overlap"),
+    ({"<64KB": "native"}, r"leave sizes >= 65536 bytes uncovered"),
+    ({"about 64KB": "native"}, r"cannot read the size range 'about 64KB'"),
+    ({"<64KB": "ring?", ">=64KB": "native"}, r"Unknown allreduce\['<64KB'\] algorithm 'ring\?'"),
+])
+def test_malformed_size_ranges_are_rejected_with_the_reason(spec, message):
+    with pytest.raises(ValueError, match=message):
+        tfdist_ext.Strategy(allreduce=spec)
+
+
+def test_size_ranges_pick_per_size():
+    config = collectives.options.get({"<64KB": "native", ">=64KB": "native"})
+    assert config.by_size == ((0, 65536, "native"), (65536, float("inf"), "native"))
+    assert collectives.options.parse_size("1.5MB") == 3 << 19
+
+
+def test_tf_config_problems_surface_from_the_strategy(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": 3}')
+    with pytest.raises(ValueError, match=r'TF_CONFIG is invalid: "task" with "type" and "index"'):
+        tfdist_ext.Strategy()
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(ValueError, match=r"`num_replicas` \(2\) cannot be combined with TF_CONFIG"):
+        tfdist_ext.Strategy(num_replicas=2)

@@ -1,0 +1,70 @@
+"""Worker program for tests/test_multiworker.py (run under tfdist-run).
+
+    python multiworker_checks.py OUT_DIR tfdist|stock
+
+Exercises the two Keras 3.15 multi-worker `fit` bugs (keras-team/keras#20585)
+directly and through `fit`, and writes what happened to OUT_DIR/w<index>.json.
+With `stock` the strategy is TF's MultiWorkerMirroredStrategy, and each failure
+is recorded instead of raised.
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist_ext
+
+
+def attempt(results, name, fn):
+    try:
+        results[name] = {"ok": True, "value": fn()}
+    except Exception as err:  # pylint: disable=broad-except
+        results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:300]}
+
+
+def main(out_dir, mode):
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if mode == "stock"
+                else tfdist_ext.Strategy())
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    results = {"mode": mode, "workers": strategy.num_replicas_in_sync}
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(240, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1))).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(24)
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+
+    # Part 1 of the bug: reduce over a nest of per-replica values (Keras'
+    # _maybe_symbolic_build does exactly this with the first batch).
+    attempt(results, "reduce_nest",
+            lambda: [t.shape.as_list() for t in strategy.reduce("MEAN", batch, axis=None)])
+    # Part 2: reduce a per-replica scalar over axis 0 (Keras' reduce_per_replica).
+    scalar = strategy.run(tf.function(lambda: tf.cast(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)))
+    attempt(results, "reduce_scalar_axis0",
+            lambda: float(strategy.reduce("MEAN", scalar, axis=0)))
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+
+    def fit():
+        history = model.fit(dataset, epochs=4, verbose=0)
+        weights = np.concatenate([w.ravel() for w in model.get_weights()])
+        return {"loss": history.history["loss"],
+                "sha": hashlib.sha256(weights.tobytes()).hexdigest()}
+
+    attempt(results, "fit", fit)
+    with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
