@@ -8,15 +8,16 @@ Model: every rank has one full-duplex link (it can send and receive at full
 speed at the same time, to any peers), rounds run in lock-step, so a round
 lasts as long as its busiest rank:
 
-    t(round) = alpha
+    t(round) = alpha * max over ranks of max(messages sent, messages received)
              + beta  * max over ranks of max(bytes sent, bytes received)
              + gamma * max over ranks of bytes reduced (Recv with reduce=True)
 
 and the total is the sum over the rounds in which any rank does anything.
-Because costs come from the schedules, a new algorithm needs no formula here.
-Alpha is charged per round, not per message, so algorithms that send many
-messages per round (all_to_all, master_worker) look better than they are at
-large world sizes; calibrate alpha on the real cluster.
+Alpha is charged per message because each message is its own collective op
+with its own start-up cost, so a master receiving p-1 messages in one round
+pays (p-1) alpha: master_worker and all_to_all lose on small messages at large
+world sizes, as they do in practice. Because costs come from the schedules, a
+new algorithm needs no formula here.
 
 Example:
     >>> model = CostModel(alpha=5e-6, beta=1 / 12.5e9, gamma=1 / 50e9)
@@ -38,8 +39,9 @@ from tfdist_ext.collectives.schedule import (
 )
 from tfdist_ext.registry import positive_int
 
-# Per non-empty round: (max elements on one rank's link, max elements reduced).
-RoundStats = tuple[tuple[int, int], ...]
+# Per non-empty round: (max messages on one rank's link, max elements on one
+# rank's link, max elements reduced by one rank).
+RoundStats = tuple[tuple[int, int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,7 @@ class CostModel:
     """Cluster constants of the alpha-beta-gamma model (user-tuned or calibrated).
 
     Args:
-        alpha: Seconds of latency per round (message start-up).
+        alpha: Seconds of start-up per message.
         beta: Seconds per byte on one rank's link (1 / bandwidth).
         gamma: Seconds per byte reduced (1 / reduction throughput).
     """
@@ -70,22 +72,21 @@ class CostModel:
 def _round_stats(schedules: Sequence[Schedule]) -> RoundStats:
     stats = []
     for i in range(len(schedules[0].rounds) if schedules else 0):
-        link = reduced = 0
+        messages = link = reduced = 0
         for s in schedules:
-            steps = s.rounds[i]
-            sent = sum(x.stop - x.start for x in steps if isinstance(x, Send))
-            received = sum(x.stop - x.start for x in steps if isinstance(x, Recv))
-            added = sum(x.stop - x.start for x in steps
-                        if isinstance(x, Recv) and x.reduce)
-            link, reduced = max(link, sent, received), max(reduced, added)
+            sends = [x.stop - x.start for x in s.rounds[i] if isinstance(x, Send)]
+            recvs = [x for x in s.rounds[i] if isinstance(x, Recv)]
+            messages = max(messages, len(sends), len(recvs))
+            link = max(link, sum(sends), sum(x.stop - x.start for x in recvs))
+            reduced = max(reduced, sum(x.stop - x.start for x in recvs if x.reduce))
         if link:
-            stats.append((link, reduced))
+            stats.append((messages, link, reduced))
     return tuple(stats)
 
 
 def _seconds(stats: RoundStats, itemsize: int, model: CostModel) -> float:
-    return sum(model.alpha + model.beta * link * itemsize
-               + model.gamma * reduced * itemsize for link, reduced in stats)
+    return sum(model.alpha * messages + model.beta * link * itemsize
+               + model.gamma * reduced * itemsize for messages, link, reduced in stats)
 
 
 @functools.lru_cache(maxsize=4096)
