@@ -1,5 +1,41 @@
-"""What is sent: gradient compressors (`Strategy(compression=...)`)."""
+"""What is sent: gradient compressors (`Strategy(compression=...)`).
 
-from tfdist_ext.compression.base import COMPRESSORS, Compressor, NoCompression, get
+Registered names: "none", "fp16", "bf16", "topk", "topk_approx", "randomk",
+"qsgd", "terngrad", "sign", "int8". See `Compressor` for the interface the
+strategy calls and `compress_with_feedback` for error feedback.
+"""
 
-__all__ = ["COMPRESSORS", "Compressor", "NoCompression", "get"]
+from tfdist_ext.compression.base import (
+    COMPRESSORS,
+    Compressor,
+    NoCompression,
+    fold_seed,
+    get,
+)
+from tfdist_ext.compression.bf16 import BF16
+from tfdist_ext.compression.error_feedback import compress_with_feedback
+from tfdist_ext.compression.fp16 import FP16
+from tfdist_ext.compression.int8 import Int8
+from tfdist_ext.compression.qsgd import QSGD
+from tfdist_ext.compression.randomk import RandomK
+from tfdist_ext.compression.sign import Sign
+from tfdist_ext.compression.terngrad import TernGrad
+from tfdist_ext.compression.topk import TopK, TopKApprox
+
+__all__ = [
+    "BF16",
+    "COMPRESSORS",
+    "FP16",
+    "QSGD",
+    "Compressor",
+    "Int8",
+    "NoCompression",
+    "RandomK",
+    "Sign",
+    "TernGrad",
+    "TopK",
+    "TopKApprox",
+    "compress_with_feedback",
+    "fold_seed",
+    "get",
+]
