@@ -17,6 +17,9 @@ from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
 from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import nest
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
@@ -26,6 +29,14 @@ CommunicationOptions = collective_util.Options
 ReduceOp = reduce_util.ReduceOp
 SimpleClusterResolver = cluster_resolver_lib.SimpleClusterResolver
 TFConfigClusterResolver = tfconfig_cluster_resolver.TFConfigClusterResolver
+# A variable constructed directly (not through tf.Variable) bypasses the
+# strategy's variable creator, as TF's CollectiveReplicaLauncher relies on for
+# its ordering tokens.
+ResourceVariable = resource_variable_ops.ResourceVariable
+init_scope = ops.init_scope
+# TF's fusion rule for CommunicationOptions.bytes_per_pack: packs of at least
+# bytes_per_pack bytes, in order (0: one pack).
+group_by_size = cross_device_utils.group_by_size
 
 
 def strategy_init(strategy, extended):
@@ -45,6 +56,17 @@ def record_strategy_gauges(num_workers, replicas_per_worker):
         num_workers)
     distribute_lib.distribution_strategy_replica_gauge.get_cell(
         "num_replicas_per_worker").set(replicas_per_worker)
+
+
+def collective_ops_enabled():
+    """Whether this process already enabled multi-worker collective ops.
+
+    Each MultiWorkerMirroredStrategy built with TF_CONFIG calls
+    `context.enable_collective_ops` again, which resets the process's collective
+    executor under a peer that is mid-collective (hangs when a second strategy
+    initialises its variables). Strategies after the first must skip it.
+    """
+    return getattr(context.context(), "_collective_ops_server_def", None) is not None
 
 
 def coordination_service_kv():

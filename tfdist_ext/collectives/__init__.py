@@ -39,6 +39,11 @@ from tfdist_ext.collectives.schedule import (
     split,
 )
 from tfdist_ext.collectives.simulator import check_allreduce, simulate, validate
+from tfdist_ext.collectives.options import register_engine_algorithms
+
+# The graph engine (engine.py) runs every registered schedule, so every name is
+# a valid `allreduce=` choice next to "native"; "auto" picks among them (auto.py).
+register_engine_algorithms(ALGORITHMS.names() + ["auto"])
 
 __all__ = [
     "ALGORITHMS",

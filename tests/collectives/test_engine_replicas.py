@@ -1,0 +1,90 @@
+"""The graph engine with logical-CPU replicas in this process, against numpy and "native".
+
+One tf.function per (algorithm, replicas) reduces every dtype x size at once
+(see engine_cases.py), so the whole matrix costs one trace per pair.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext import collectives
+
+import engine_cases as cases
+
+REPLICAS = (1, 2, 3, 4, 5, 8)
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_inputs(rank):
+    return cases.numpy_inputs(rank)
+
+
+def _run(strategy, replica_fn):
+    inputs = strategy.experimental_distribute_values_from_function(
+        lambda ctx: cases.tf_inputs(ctx.replica_id_in_sync_group))
+    fn = tf.function(lambda x: strategy.run(replica_fn, args=(x,)))
+    results = [tuple([t.numpy() for t in part] for part in r)
+               for r in strategy.experimental_local_results(fn(inputs))]
+    return results, fn.get_concrete_function(inputs).graph
+
+
+def _native_by_dtype(inputs):
+    # TF's native path concatenates every dtype into one pack and fails on
+    # mixed dtypes, so reduce one dtype at a time. It also crashes the process
+    # (segfault, TF 2.21) on an empty float64/int64 input that arrives as a
+    # function argument, so empty tensors are compared to numpy only.
+    sums, means = [tf.zeros([0])] * len(inputs), [tf.zeros([0])] * len(inputs)
+    for dtype in cases.DTYPES:
+        idx = [k for k, (d, size) in enumerate(cases.CASES) if d == dtype and size]
+        s, m = cases.replica_fn([inputs[k] for k in idx])
+        for k, a, b in zip(idx, s, m):
+            sums[k], means[k] = a, b
+    return sums, means
+
+
+@functools.lru_cache(maxsize=None)
+def _native(num_replicas):
+    results, _ = _run(tfdist_ext.Strategy(num_replicas=num_replicas), _native_by_dtype)
+    return results
+
+
+def test_every_algorithm_is_a_valid_allreduce_option():
+    for name in collectives.ALGORITHMS.names():
+        assert name in collectives.available_algorithms()
+        assert tfdist_ext.Strategy(num_replicas=2, allreduce=name).config.allreduce.algorithm == name
+    assert "auto" in collectives.available_algorithms()
+
+
+@pytest.mark.parametrize("num_replicas", REPLICAS)
+@pytest.mark.parametrize("name", collectives.ALGORITHMS.names())
+def test_engine_matches_numpy_and_native(name, num_replicas):
+    strategy = tfdist_ext.Strategy(num_replicas=num_replicas, allreduce=name)
+    results, graph = _run(strategy, cases.replica_fn)
+    lo, hi = strategy.collective_key_range
+    problems = cases.engine_problems(cases.collective_ops(graph), (lo + (hi - lo) // 2, hi),
+                                     num_replicas)
+    assert not problems, problems
+    inputs = [_numpy_inputs(r) for r in range(num_replicas)]
+    problems = cases.check(num_replicas, inputs, *results[0])
+    assert not problems, problems
+    for replica, result in enumerate(results[1:], 1):  # bit-identical replicas
+        for k, (a, b) in enumerate(zip(results[0][0] + results[0][1], result[0] + result[1])):
+            assert a.tobytes() == b.tobytes(), (replica, k)
+    native = _native(num_replicas)[0]
+    for k, (dtype, size) in enumerate(cases.CASES):
+        if not size:
+            continue
+        for op, ours, ref in (("SUM", results[0][0][k], native[0][k]),
+                              ("MEAN", results[0][1][k], native[1][k])):
+            assert ours.dtype == ref.dtype, (op, dtype.name, size)
+            if dtype.is_integer:
+                np.testing.assert_array_equal(ours, ref, err_msg=f"{op} {dtype.name}[{size}]")
+            else:  # both are within the numpy tolerance; the orders differ
+                rtol = {"float16": 1e-2, "bfloat16": 5e-2}.get(dtype.name, 1e-5)
+                np.testing.assert_allclose(ours.astype(np.float64), ref.astype(np.float64),
+                                           rtol=rtol, atol=rtol * num_replicas,
+                                           err_msg=f"{op} {dtype.name}[{size}]")

@@ -1,0 +1,40 @@
+"""The graph engine across worker processes (tfdist-run, TF_CONFIG, gRPC).
+
+One launch per world size checks every algorithm x dtype x size x SUM/MEAN
+against numpy (tests/workers/engine_checks.py); the 2-worker launch also runs
+Keras `fit` with each algorithm and compares the weights with "native".
+"""
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, launch, read_worker_json
+from tfdist_ext import collectives
+
+pytestmark = pytest.mark.multiworker
+CHECKS = ROOT / "tests" / "workers" / "engine_checks.py"
+
+
+@pytest.mark.parametrize("num_workers", [2, 3, 4])
+def test_every_algorithm_reduces_across_workers(tmp_path, num_workers):
+    code, out, _ = launch(num_workers, [CHECKS, tmp_path], timeout=240)
+    assert code == 0, out[-3000:]
+    results = read_worker_json(tmp_path, num_workers)
+    for name in collectives.ALGORITHMS.names():
+        per_worker = [r["reduce"][name] for r in results]
+        for result in per_worker:
+            assert result["problems"] == [], (name, result)
+            assert result["collectives"] > 0, name
+        assert len({r["sha"] for r in per_worker}) == 1, f"{name}: workers differ"
+
+
+def test_fit_with_every_algorithm_ends_where_native_ends(tmp_path):
+    code, out, _ = launch(2, [CHECKS, tmp_path, "--fit"], timeout=240)
+    assert code == 0, out[-3000:]
+    results = read_worker_json(tmp_path, 2)
+    native = results[0]["fit"]["native"]
+    assert native["loss"][-1] < native["loss"][0]
+    for name in collectives.ALGORITHMS.names():
+        assert len({r["fit"][name]["sha"] for r in results}) == 1, name
+        np.testing.assert_allclose(results[0]["fit"][name]["weights"], native["weights"],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)

@@ -1,0 +1,44 @@
+"""Tensor fusion: many gradients -> a few flat buffers per dtype -> back again.
+
+Collectives have a fixed cost per round (~0.3-0.5 ms measured, TF_NOTES.md
+section 3), so the strategy reduces a few large flat buffers instead of many
+small tensors. Tensors are grouped by dtype (one buffer holds one dtype), then
+packed with TF's own rule for `CommunicationOptions.bytes_per_pack`
+(`cross_device_utils.group_by_size`: packs of at least `bytes_per_pack` bytes,
+in order; 0 makes one pack per dtype). As in TF's native path the list is
+reversed first, so the first pack holds the gradients backprop produces first.
+"""
+
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+
+def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0):
+    """Reduces dense tensors through flat per-dtype buffers.
+
+    Args:
+        tensors: Dense tensors with static shapes (any dtypes, any order).
+        reduce_flat: ``reduce_flat(flat_1d_tensor) -> reduced tensor`` of the
+            same length and dtype; called once per pack, in the same order on
+            every replica (the packing depends only on shapes and dtypes).
+        bytes_per_pack: As `tf.distribute.experimental.CommunicationOptions`.
+
+    Returns:
+        The reduced tensors, in the order and shapes of `tensors`.
+    """
+    by_dtype = {}  # dtype -> indices, in order of first appearance
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    results = [None] * len(tensors)
+    for indices in by_dtype.values():
+        order = iter(indices[::-1])  # packs keep the order of their input
+        for pack in _compat.group_by_size([tensors[i] for i in indices[::-1]],
+                                          bytes_per_pack):
+            sizes = [t.shape.num_elements() for t in pack]
+            flats = [tf.reshape(t, [-1]) for t in pack]
+            reduced = reduce_flat(flats[0] if len(flats) == 1 else tf.concat(flats, 0))
+            pieces = [reduced] if len(pack) == 1 else tf.split(reduced, sizes)
+            for t, piece in zip(pack, pieces):
+                results[next(order)] = tf.reshape(piece, t.shape)
+    return results
