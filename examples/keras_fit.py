@@ -87,8 +87,11 @@ def main(argv=None):
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
+    stats = strategy.communication_stats()
     print(f"worker {worker}: test accuracy {accuracy:.4f} after {args.epochs} epochs "
-          f"in {seconds:.1f} s on {strategy.num_replicas_in_sync} replica(s)", flush=True)
+          f"in {seconds:.1f} s on {strategy.num_replicas_in_sync} replica(s); sent "
+          f"{stats['bytes_sent'] / 1e6:.2f} MB of gradients ({stats['compression_ratio']:.1f}x "
+          "fewer than dense)", flush=True)
     if args.json:
         path = args.json.replace("{worker}", str(worker))
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -96,6 +99,7 @@ def main(argv=None):
             json.dump({"worker": worker, "test_accuracy": float(accuracy),
                        "fit_seconds": seconds, "loss": history.history["loss"],
                        "replicas": strategy.num_replicas_in_sync,
+                       "communication": stats,
                        "weights_sum": float(weights.astype("float64").sum()),
                        "weights_sha": hashlib.sha256(weights.tobytes()).hexdigest()},
                       f, indent=1)

@@ -82,7 +82,8 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native'"),
+    ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native', 'all_to_all', "
+     r"'butterfly', 'halving_doubling', 'master_worker', 'ring', 'round_robin', 'tree'"),
     ({"compression": "topkk"}, ValueError, r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
     ({"sync": "async"}, ValueError, r"Unknown sync 'async'. Valid names: 'sync'"),
     ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed'"),

@@ -6,11 +6,43 @@ merge_call and `batch_reduce_implementation`, or directly in replica context).
 Subclassing TF's `CollectiveAllReduce` and overriding that single choke point
 keeps `CollectiveAllReduceExtended` (and so MultiWorkerMirroredStrategy's
 isinstance checks, key management and input pipeline) intact.
+
+Routing (`_all_reduce`):
+    * ``allreduce="native"`` for every size: TF's own path, unchanged.
+    * otherwise dense tensors are fused into flat buffers per dtype
+      (`collectives.fusion`), and each buffer goes to the algorithm
+      `_select_algorithm(num_bytes)` picks: "native" buffers to TF's
+      CollectiveReduceV2 ring, any other name to the graph engine
+      (`collectives.engine`), which runs that algorithm's schedule.
+    * IndexedSlices, tensors without a static shape and dtypes the engine does
+      not support (see `engine.SUPPORTED_DTYPES`) are delegated to TF's native
+      path, which all-gathers IndexedSlices instead of densifying them (an
+      embedding gradient stays sparse) and reports unsupported dtypes itself.
+    * Zero-size tensors pass through without communication.
+    * MEAN divides the sum by the global replica count at the end exactly as
+      TF's native path does (``value / group_size``): integer tensors become
+      float64 means, not floor divisions.
+    * "auto" buffers go to the algorithm `collectives.auto.choose` picks from the
+      calibration the strategy measured at start-up (identical on all workers).
+
+Gradient reductions (the batched all-reduce an optimizer issues, which reaches
+`batch_reduce_implementation`) are also where compression applies and where
+the per-replica step counter and byte counters of `StrategyState` advance;
+other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
 """
 
 import copy
 
+import tensorflow as tf
+
 from tfdist_ext import _compat
+from tfdist_ext.collectives import auto, cost, fusion
+from tfdist_ext.collectives import engine as engine_lib
+from tfdist_ext.compression import NoCompression, transport
+from tfdist_ext.compression.base import FLOAT_DTYPES
+from tfdist_ext.state import StrategyState
+
+NATIVE = "native"
 
 
 class CrossDeviceOps(_compat.CollectiveAllReduce):
@@ -23,20 +55,177 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         collective_keys: The owning strategy's `CollectiveKeys` (its key range).
         config: The validated `tfdist_ext.strategy.StrategyConfig`.
         canonicalize_devices: As in TF's `CollectiveAllReduce`.
+        worker_index: This worker's index among the workers (0 without a
+            cluster); local replica i has global rank
+            ``worker_index * len(devices) + i``.
+        pair_group_key_base: First of the `engine.PAIR_GROUP_KEYS` group keys
+            reserved for the graph engine's 2-member groups; the same on every
+            worker. Required when the configuration uses the graph engine.
     """
 
     def __init__(self, devices, group_size, options, collective_keys, config,
-                 canonicalize_devices=True):
+                 canonicalize_devices=True, *, worker_index=0, pair_group_key_base=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys,
                          canonicalize_devices=canonicalize_devices)
         self.config = config
+        self._worker_index = worker_index
+        self._pair_group_key_base = pair_group_key_base
+        self._engine = None
+        self._state = None
+        self.calibration = None  # set by the strategy when "auto" is used
+        self._gradient_reduction = False
+        self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
+                             and isinstance(config.compression, NoCompression))
+        if not self._native_only:
+            if pair_group_key_base is None:
+                raise ValueError("Argument `pair_group_key_base` is required when the "
+                                 f"all-reduce configuration {config.allreduce} uses the "
+                                 "graph engine.")
+            engine_lib.check_world_size(group_size)
+
+    @property
+    def state(self) -> StrategyState:
+        """Residuals, step and byte counters (created on first use)."""
+        if self._state is None:
+            self._state = StrategyState(self._devices)
+        return self._state
+
+    @property
+    def first_rank(self) -> int:
+        return self._worker_index * len(self._devices)
+
+    def _select_algorithm(self, num_bytes: int, itemsize: int = 4) -> str:
+        """The one place an algorithm is chosen per fused buffer (same on every worker)."""
+        name = self.config.allreduce.algorithm_for(num_bytes)
+        if name == "auto":
+            if self.calibration is None:
+                raise RuntimeError("allreduce='auto' needs the strategy's calibration; "
+                                   "create the strategy with tfdist_ext.Strategy(...).")
+            return auto.choose(self.calibration, num_bytes, itemsize,
+                               self.config.allreduce.candidates)
+        return name
+
+    def _wire_bytes(self, algorithm, num_elements, itemsize, replica_id):
+        rank = self.first_rank + replica_id
+        return itemsize * cost.elements_sent(algorithm, self._group_size, rank, num_elements)
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        # The optimizer's gradient all-reduce; see the module docstring.
+        self._gradient_reduction = True
+        try:
+            return super().batch_reduce_implementation(reduce_op, value_destination_pairs,
+                                                       options)
+        finally:
+            self._gradient_reduction = False
+
+    def _graph_engine(self):
+        if self._engine is None:
+            self._engine = engine_lib.GraphEngine(
+                self._devices, self._group_size, self._worker_index * len(self._devices),
+                self._pair_group_key_base, timeout_seconds=self._options.timeout_seconds)
+        return self._engine
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
-        # The only engine so far is TF's native CollectiveReduceV2 ring, with
-        # fusion controlled by options.bytes_per_pack (set by the strategy).
-        return super()._all_reduce(reduce_op, value, replica_id, options)
+        if self._native_only:
+            result = super()._all_reduce(reduce_op, value, replica_id, options)
+            if self._gradient_reduction and replica_id == 0:
+                dense = sum(self._wire_bytes(NATIVE, t.shape.num_elements(), t.dtype.size, 0)
+                            for t in _compat.nest.flatten(value)
+                            if not isinstance(t, tf.IndexedSlices) and t.shape.is_fully_defined())
+                with tf.control_dependencies([self.state.count(dense, dense)]):
+                    result = _compat.nest.map_structure(tf.identity, result)
+            return result
+        options = self._options.merge(options or _compat.CommunicationOptions())
+        flat = _compat.nest.flatten(value)
+        results = [None] * len(flat)
+        fused, native = [], []
+        for i, v in enumerate(flat):
+            if isinstance(v, tf.IndexedSlices):
+                native.append(i)
+                continue
+            flat[i] = v = tf.convert_to_tensor(v)
+            if not v.shape.is_fully_defined() or v.dtype not in engine_lib.SUPPORTED_DTYPES:
+                native.append(i)
+            elif v.shape.num_elements() == 0:
+                results[i] = self._finish(reduce_op, v, replica_id)
+            else:
+                fused.append(i)
+        if native:
+            reduced = super()._all_reduce(reduce_op, [flat[i] for i in native], replica_id,
+                                          options)
+            for i, r in zip(native, reduced):
+                results[i] = r
+        if fused:
+            gradients = self._gradient_reduction
+            step = self.state.next_step(replica_id) if gradients else None
+            counts = [0, 0]  # bytes sent, dense bytes (replica 0 counts)
+            buffers = iter(range(len(fused)))
+
+            def reduce_flat(buffer):
+                if not gradients:
+                    return self._reduce_buffer(buffer, replica_id, options)
+                return self._reduce_gradient_buffer(buffer, replica_id, options, step,
+                                                    f"b{next(buffers)}", counts)
+
+            reduced = fusion.fused_all_reduce([flat[i] for i in fused], reduce_flat,
+                                              options.bytes_per_pack)
+            if gradients and replica_id == 0:
+                with tf.control_dependencies([self.state.count(*counts)]):
+                    reduced = [tf.identity(r) for r in reduced]
+            for i, r in zip(fused, reduced):
+                results[i] = self._finish(reduce_op, r, replica_id)
+        return _compat.nest.pack_sequence_as(value, results)
+
+    def _reduce_buffer(self, buffer, replica_id, options):
+        """Sums one flat buffer with the algorithm chosen for its size."""
+        name = self._select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
+                                      buffer.dtype.size)
+        if self._group_size == 1:
+            return buffer
+        with tf.name_scope(f"tfdist_{name}"):
+            if name == NATIVE:  # one tensor: TF's packing leaves it whole
+                return super()._all_reduce(_compat.ReduceOp.SUM, [buffer], replica_id,
+                                           options)[0]
+            return self._graph_engine().all_reduce(buffer, replica_id, name)
+
+    def _all_gather(self, tensor, replica_id, options):
+        if self._group_size == 1:
+            return tensor
+        return self._launchers[replica_id].all_gather(tensor, 0, options)
+
+    def _reduce_gradient_buffer(self, buffer, replica_id, options, step, key, counts):
+        """A gradient buffer: compressed if configured, and counted."""
+        compressor = self.config.compression
+        n, dtype = buffer.shape.num_elements(), buffer.dtype
+        key = f"{key}_{dtype.name}_{n}"
+        dense = self._wire_bytes(self._select_algorithm(n * dtype.size, dtype.size), n,
+                                 dtype.size, replica_id)
+        counts[1] += dense
+        # Counted as compressed also during warm-up steps (counts are static).
+        if isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES:
+            counts[0] += dense
+        elif compressor.reducible:
+            for spec in compressor.payload_spec(n, dtype):
+                length = spec.shape.num_elements()
+                algorithm = self._select_algorithm(length * spec.dtype.size, spec.dtype.size)
+                counts[0] += self._wire_bytes(algorithm, length, spec.dtype.size, replica_id)
+        else:
+            counts[0] += transport.wire_bytes_gather(compressor.payload_bytes(n, dtype),
+                                                     self._group_size)
+        return transport.reduce_buffer(
+            buffer, compressor, state=self.state, key=key, replica=replica_id,
+            rank=self.first_rank + replica_id, world_size=self._group_size, step=step,
+            all_reduce=lambda t: self._reduce_buffer(t, replica_id, options),
+            all_gather=lambda t: self._all_gather(t, replica_id, options))
+
+    def _finish(self, reduce_op, value, replica_id):
+        if reduce_op == _compat.ReduceOp.MEAN:
+            with tf.device(self._devices[replica_id]):
+                return value / self._group_size
+        return value
 
     def __deepcopy__(self, memo):
         return CrossDeviceOps(self._devices, self._group_size, self._options,
                               copy.deepcopy(self._collective_keys, memo), self.config,
-                              self._canonicalize_devices)
+                              self._canonicalize_devices, worker_index=self._worker_index,
+                              pair_group_key_base=self._pair_group_key_base)

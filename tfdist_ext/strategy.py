@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing, cluster, compression, sync
+from tfdist_ext.collectives import auto, calibration
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
@@ -88,6 +89,8 @@ class _Extended(_compat.CollectiveAllReduceExtended):
         self._install_cross_device_ops()
 
     def _initialize_multi_worker(self, cluster_resolver):
+        if _compat.collective_ops_enabled():
+            self._std_server_started = True  # see _compat.collective_ops_enabled
         super()._initialize_multi_worker(cluster_resolver)
         self._install_cross_device_ops()
 
@@ -95,7 +98,8 @@ class _Extended(_compat.CollectiveAllReduceExtended):
         native = self._cross_device_ops
         self._cross_device_ops = CrossDeviceOps(
             native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
-            self._collective_keys, self.tfdist_config)
+            self._collective_keys, self.tfdist_config, worker_index=self._id_in_cluster,
+            pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2)
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).
@@ -157,6 +161,50 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
+        if "auto" in config.allreduce.algorithms:
+            self._calibrate()
+
+    @property
+    def _cross_ops(self):
+        return self.extended._cross_device_ops  # pylint: disable=protected-access
+
+    def _calibrate(self):
+        """Measures (or loads) the cost model "auto" decides with; logs its table once."""
+        cross_ops, options = self._cross_ops, self.config.allreduce
+        key = calibration.cluster_key(self.cluster, self.num_replicas_in_sync,
+                                      cross_ops._devices)  # pylint: disable=protected-access
+        if self.num_replicas_in_sync == 1:
+            cross_ops.calibration = auto.Calibration.defaults(key, 1)
+            return
+        cross_ops.calibration = calibration.calibrate(
+            cross_ops, key, cross_ops.first_rank, cache_path=options.calibration_cache,
+            probe=options.calibrate)
+        self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
+                                                       candidates=options.candidates)
+        if cross_ops.first_rank == 0:
+            log.warning("tfdist_ext: %s", auto.format_table(cross_ops.calibration,
+                                                            self.allreduce_decisions))
+
+    @property
+    def calibration(self):
+        """The `collectives.auto.Calibration` "auto" uses (None without "auto")."""
+        return self._cross_ops.calibration
+
+    @property
+    def state(self):
+        """A `tf.Module` of residuals and counters; put it in your tf.train.Checkpoint."""
+        return self._cross_ops.state
+
+    def communication_stats(self):
+        """This worker's communication counters so far (eager).
+
+        Returns:
+            dict with `bytes_sent` (what this worker's first replica sent for
+            gradients), `dense_bytes` (what dense all-reduce with the same
+            algorithms would have sent), `reductions` (gradient all-reduces
+            issued) and `compression_ratio` (dense / sent).
+        """
+        return self.state.stats()
 
     @property
     def collective_key_range(self):

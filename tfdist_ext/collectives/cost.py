@@ -36,6 +36,7 @@ from tfdist_ext.collectives.schedule import (
     Schedule,
     Send,
     all_schedules,
+    schedule_fn,
 )
 from tfdist_ext.registry import positive_int
 
@@ -145,3 +146,18 @@ def best_algorithm(candidates: Iterable[str] | None, world_size: int,
     costs = [(predict(n, world_size, num_bytes, itemsize, model), n) for n in names]
     seconds, name = min(costs)
     return name, seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def elements_sent(algorithm_name: str, world_size: int, rank: int, num_elements: int) -> int:
+    """Elements that `rank` sends in the schedule of `algorithm_name`.
+
+    "native" counts as "ring" (TF's native all-reduce is a ring). Used by the
+    strategy's byte counters.
+    """
+    name = "ring" if algorithm_name == "native" else algorithm_name
+    if world_size == 1 or num_elements == 0:
+        return 0
+    schedule = schedule_fn(name)(world_size, rank, num_elements)
+    return sum(step.stop - step.start for rnd in schedule.rounds for step in rnd
+               if isinstance(step, Send))

@@ -13,7 +13,7 @@ Accepted forms:
 import dataclasses
 import math
 import re
-from typing import Tuple
+from typing import Optional, Tuple
 
 from tfdist_ext.registry import positive_int
 
@@ -96,18 +96,36 @@ class AllReduce:
             given). Defaults to "native".
         by_size: Tuple of (lo_bytes, hi_bytes, algorithm) covering [0, inf),
             normally built from a size-range dict.
-        bytes_per_pack: Gradients are fused into flat buffers of at most this
-            many bytes before reduction (0: one buffer per dtype). Defaults to 0.
+        bytes_per_pack: Gradients are fused into flat buffers of at least this
+            many bytes, in order (TF's rule; 0: one buffer per dtype). Defaults to 0.
+        candidates: Algorithms "auto" may choose from; empty means all of them
+            and "native".
+        calibrate: Whether "auto" runs its start-up probe (about a second) when
+            no valid cache exists; False uses built-in defaults instead.
+        calibration_cache: JSON file where the chief keeps the calibration,
+            keyed by the cluster; None disables caching.
     """
 
     algorithm: str = "native"
     by_size: Tuple[Tuple[float, float, str], ...] = ()
     bytes_per_pack: int = 0
+    candidates: Tuple[str, ...] = ()
+    calibrate: bool = True
+    calibration_cache: Optional[str] = "~/.cache/tfdist_ext/calibration.json"
 
     def __post_init__(self):
         if not self.by_size:
             _check_algorithm(self.algorithm)
         positive_int("bytes_per_pack", self.bytes_per_pack, minimum=0)
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+        for name in self.candidates:
+            if name == "auto":
+                raise ValueError("Argument `candidates` lists the algorithms 'auto' chooses "
+                                 "from; it cannot contain 'auto' itself.")
+            _check_algorithm(name, "candidates")
+        if not isinstance(self.calibrate, bool):
+            raise ValueError(f"Argument `calibrate` must be True or False; received "
+                             f"{self.calibrate!r}.")
 
     def algorithm_for(self, num_bytes: int) -> str:
         """The algorithm that reduces a buffer of `num_bytes`."""

@@ -1,0 +1,151 @@
+"""All-reduce benchmark in the style of nccl-tests, for every tfdist_ext algorithm.
+
+    python bench/allreduce.py --workers 4 --sizes 1KB,64KB,1MB,16MB --algorithms all --json out.json
+    python bench/allreduce.py --replicas 4 --sizes 1KB,1MB --png out.png
+
+`--workers N` re-launches this script on N worker processes through tfdist-run
+(TF_CONFIG, gRPC over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
+one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
+cost model's choice, measured as its own row) run side by side in one job.
+Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
+each chaining `--steps` all-reduces); algbw = bytes / time and busbw = algbw *
+2(p-1)/p as in nccl-tests. The chief's measurements are reported.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None, help="worker processes")
+    where.add_argument("--replicas", type=int, default=None,
+                       help="logical CPU replicas in one process")
+    parser.add_argument("--sizes", default="1KB,64KB,1MB,16MB")
+    parser.add_argument("--algorithms", default="all",
+                        help="comma-separated names, or 'all' (every algorithm + native + auto)")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--no-cache", action="store_true",
+                        help="re-calibrate instead of using the calibration cache")
+    return parser.parse_args(argv)
+
+
+def relaunch(args, argv):
+    """Runs this script on `args.workers` workers and returns the exit code."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
+               sys.executable, __file__, *argv]
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def run(args):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist_ext  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.collectives import auto, calibration, options  # pylint: disable=import-outside-toplevel
+
+    allreduce = {"name": "auto", "calibration_cache": None} if args.no_cache else "auto"
+    strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas)
+    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    world = strategy.num_replicas_in_sync
+    placement = "workers" if strategy.cluster else "replicas"
+    is_chief = strategy.cluster is None or strategy.cluster.task_index == 0
+    names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
+             else tuple(args.algorithms.split(",")))
+    records = []
+    for size in [options.parse_size(s) for s in args.sizes.split(",")]:
+        elements = max(size // 4, 1)
+        steps = args.steps or (8 if size < (1 << 20) else 2)
+        for name in names:
+            algorithm = (auto.choose(cross_ops.calibration, 4 * elements)
+                         if name == "auto" else name)
+            seconds = calibration.time_all_reduce(cross_ops, algorithm, elements, steps,
+                                                  args.repeat, tf.float32)
+            t_min, t_med = min(seconds), float(np.median(seconds))
+            algbw = 4 * elements / t_med / 1e9
+            records.append({
+                "world": world, "placement": placement, "algorithm": name,
+                "choice": algorithm, "bytes": 4 * elements,
+                "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
+                "modelled_ms": 1e3 * cross_ops.calibration.predict(algorithm, 4 * elements)})
+            if is_chief:
+                r = records[-1]
+                print(f"{r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "
+                      f"{r['time_ms_median']:9.3f} {r['busbw_GBps']:8.3f}  "
+                      f"{'-> ' + algorithm if name == 'auto' else ''}", flush=True)
+    if is_chief:
+        summarize(records, args)
+    return 0
+
+
+def summarize(records, args):
+    """Adds ratios to native / best, prints them, writes JSON and PNG."""
+    by_size = {}
+    for r in records:
+        by_size.setdefault(r["bytes"], {})[r["algorithm"]] = r
+    for size, rows in by_size.items():
+        fixed = {n: r for n, r in rows.items() if n != "auto"}
+        best = min(fixed.values(), key=lambda r: r["time_ms_median"])
+        for r in rows.values():
+            r["vs_best_fixed"] = r["time_ms_median"] / best["time_ms_median"]
+            if "native" in rows:
+                r["vs_native"] = r["time_ms_median"] / rows["native"]["time_ms_median"]
+        if "auto" in rows:
+            print(f"{size:>10} B: auto -> {rows['auto']['choice']}, "
+                  f"{rows['auto']['vs_best_fixed']:.2f}x the best fixed "
+                  f"({best['algorithm']})", flush=True)
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.png:
+        plot(records, args.png)
+
+
+def plot(records, path):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in sorted({r["algorithm"] for r in records}):
+        rows = sorted((r for r in records if r["algorithm"] == name), key=lambda r: r["bytes"])
+        ax.plot([r["bytes"] for r in rows], [r["time_ms_median"] for r in rows], marker="o",
+                label=name, linewidth=3 if name in ("auto", "native") else 1.2)
+    first = records[0]
+    ax.set(xscale="log", yscale="log", xlabel="bytes (float32)", ylabel="ms per all-reduce",
+           title=f"All-reduce on {first['world']} {first['placement']} (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.workers and "TF_CONFIG" not in os.environ:
+        return relaunch(args, argv)
+    if json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"] == 0:
+        print(f"{'bytes':>10} {'algorithm':<17} {'min ms':>9} {'med ms':>9} {'busbw':>8}",
+              flush=True)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""allreduce="auto": cost-model choices, calibration, its cache, and the benchmark."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist_ext
+from tfdist_ext.collectives import auto, calibration
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _calibration(**overrides):
+    values = dict(cluster_key="k", world_size=4, alpha=3e-4, beta=1 / 1e9, gamma=1 / 5e9,
+                  native_latency=1.5e-3, native_seconds_per_byte=1 / 0.5e9)
+    values.update(overrides)
+    return auto.Calibration(**values)
+
+
+def test_choice_follows_the_model():
+    cal = _calibration()
+    assert auto.choose(cal, 1024) == "butterfly"  # 2 messages beat native's 1.5 ms
+    big = auto.choose(cal, 64 << 20)
+    assert big in ("halving_doubling", "ring")
+    assert auto.choose(_calibration(native_seconds_per_byte=1 / 50e9), 64 << 20) == "native"
+    assert auto.choose(_calibration(world_size=1), 1 << 20) == "native"
+    assert auto.choose(cal, 1024, candidates=["ring", "tree"]) == "tree"
+    rows = auto.decision_table(cal)
+    assert [r["bytes"] for r in rows] == list(auto.TABLE_SIZES)
+    for row in rows:
+        assert row["choice"] == min(row["modelled_ms"], key=row["modelled_ms"].get)
+    assert "choice" in auto.format_table(cal, rows)
+
+
+def test_cache_round_trip_and_other_clusters_are_ignored(tmp_path):
+    path = tmp_path / "cal.json"
+    calibration.write_cache(path, _calibration(cluster_key="abc"))
+    assert calibration.read_cache(path, "abc") == _calibration(cluster_key="abc")
+    with pytest.warns(UserWarning, match=r"measured on another cluster \(key abc, 4 replicas\), "
+                                         r"not this one \(key xyz\); re-calibrating"):
+        assert calibration.read_cache(path, "xyz") is None
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="unreadable calibration cache"):
+        assert calibration.read_cache(path, "abc") is None
+    assert calibration.read_cache(tmp_path / "missing.json", "abc") is None
+
+
+def _fit(allreduce):
+    strategy = tfdist_ext.Strategy(num_replicas=4, allreduce=allreduce)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 6)).astype("float32")
+    y = rng.integers(0, 3, size=128).astype("int32")
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(300, activation="tanh"),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    return strategy, model.get_weights()
+
+
+def test_auto_calibrates_caches_and_trains_like_native(tmp_path):
+    cache = str(tmp_path / "cal.json")
+    strategy, weights = _fit({"name": "auto", "calibration_cache": cache})
+    cal = strategy.calibration
+    assert cal.measured and cal.world_size == 4
+    for field in ("alpha", "beta", "gamma", "native_latency", "native_seconds_per_byte"):
+        assert 0 < getattr(cal, field) < 1, field
+    assert json.loads(open(cache, encoding="utf-8").read())["calibration"]["alpha"] == cal.alpha
+    again = tfdist_ext.Strategy(num_replicas=4, allreduce={"name": "auto",
+                                                           "calibration_cache": cache})
+    assert again.calibration == cal  # from the cache, no new probe
+    _, native = _fit("native")
+    for ours, ref in zip(weights, native):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_size_ranges_may_delegate_to_auto_and_skipping_calibration_uses_defaults(tmp_path):
+    strategy = tfdist_ext.Strategy(num_replicas=2, allreduce=tfdist_ext.collectives.AllReduce(
+        by_size=((0, 65536, "butterfly"), (65536, float("inf"), "auto")),
+        calibration_cache=str(tmp_path / "cal.json")))
+    assert strategy.config.allreduce.algorithm_for(1024) == "butterfly"
+    assert strategy.calibration is not None
+    skipped = tfdist_ext.Strategy(num_replicas=2, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    assert not skipped.calibration.measured
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"name": "auto", "candidates": ["ring", "rign"]}, r"Unknown candidates algorithm 'rign'"),
+    ({"name": "auto", "candidates": ["auto"]}, r"cannot contain 'auto' itself"),
+    ({"name": "auto", "calibrate": "yes"}, r"Argument `calibrate` must be True or False"),
+])
+def test_bad_auto_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        tfdist_ext.Strategy(allreduce=options)
+
+
+def test_tiny_benchmark_writes_every_field(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "allreduce.py"), "--replicas", "3", "--sizes",
+         "1KB,256KB", "--algorithms", "native,ring,butterfly,auto", "--repeat", "2",
+         "--no-cache", "--json", str(out), "--png", str(tmp_path / "bench.png")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = json.loads(out.read_text())
+    assert len(records) == 8
+    for r in records:
+        assert r["world"] == 3 and r["placement"] == "replicas"
+        for key in ("algorithm", "bytes", "time_ms_min", "time_ms_median", "algbw_GBps",
+                    "busbw_GBps", "vs_best_fixed"):
+            assert key in r
+        assert 0 < r["time_ms_min"] <= r["time_ms_median"]
+    assert {r["algorithm"] for r in records} == {"native", "ring", "butterfly", "auto"}
+    assert (tmp_path / "bench.png").stat().st_size > 1000

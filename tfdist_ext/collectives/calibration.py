@@ -1,0 +1,220 @@
+"""Start-up calibration of the "auto" cost model on the running cluster.
+
+A short probe (about a second on 127.0.0.1) measures, on every worker at once:
+    * butterfly and ring through the graph engine at 1 KB and 4 MB
+      -> alpha (per message) and beta (per byte on the busiest link);
+    * a local add of 4 MB -> gamma;
+    * TF's native all-reduce at 1 KB and 4 MB -> its latency and slope.
+The chief's numbers are then broadcast (a native all-reduce in which only rank
+0 contributes), so every worker holds the same `Calibration` and makes the
+same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,
+world size, devices, TF version); a cache written on another cluster is
+ignored with a warning. Whether to probe is itself the chief's decision,
+broadcast first: a worker that skipped the probe while others ran it would
+leave them waiting.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import socket
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist_ext import _compat
+from tfdist_ext.collectives import auto, cost
+
+log = logging.getLogger("tfdist_ext")
+
+DEFAULT_CACHE = "~/.cache/tfdist_ext/calibration.json"
+_SMALL, _LARGE = 256, 1 << 20  # float32 elements: 1 KB and 4 MB
+_FIELDS = ("alpha", "beta", "gamma", "native_latency", "native_seconds_per_byte")
+
+
+def cluster_key(cluster_spec, world_size: int, devices) -> str:
+    """A stable name for the hardware the numbers describe (ports excluded)."""
+    hosts = sorted(a.rsplit(":", 1)[0] for job in (cluster_spec.jobs.values()
+                                                   if cluster_spec else [])
+                   for a in job) or [socket.gethostname()]
+    kind = sorted({d.split("device:")[-1].split(":")[0] for d in devices})
+    text = json.dumps({"hosts": hosts, "world": world_size, "devices": kind,
+                       "per_worker": len(devices), "tf": tf.__version__})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_cache(path, key):
+    """The cached `Calibration` for `key`, or None (warning if it is another cluster's)."""
+    path = pathlib.Path(os.path.expanduser(path))
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        calibration = auto.Calibration(**data["calibration"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        warnings.warn(f"Ignoring the unreadable calibration cache {path} ({err}); "
+                      "re-calibrating.", stacklevel=2)
+        return None
+    if calibration.cluster_key != key:
+        warnings.warn(
+            f"Ignoring the calibration cache {path}: it was measured on another cluster "
+            f"(key {calibration.cluster_key}, {calibration.world_size} replicas), not "
+            f"this one (key {key}); re-calibrating and overwriting it.", stacklevel=2)
+        return None
+    return calibration
+
+
+def write_cache(path, calibration):
+    path = pathlib.Path(os.path.expanduser(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"calibration": calibration.__dict__,
+                                   "written": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+        tmp.replace(path)
+    except OSError as err:
+        warnings.warn(f"Could not write the calibration cache {path}: {err}.", stacklevel=2)
+
+
+def _per_call_seconds(fn, repeats):
+    fn()  # trace and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _local_add_seconds(device, num_elements, steps, repeats):
+    @tf.function(autograph=False)
+    def run():
+        with tf.device(device):
+            x = tf.fill([num_elements], 1.0)
+            y = tf.fill([num_elements], 2.0)
+            for _ in range(steps):
+                x = x + y
+            return x[:1]
+
+    return float(np.median(_per_call_seconds(run, repeats))) / steps
+
+
+def _native_reduce(cross_ops):
+    def reduce_fn(x, i):
+        return _compat.CollectiveAllReduce._all_reduce(  # pylint: disable=protected-access
+            cross_ops, _compat.ReduceOp.SUM, [x], i, cross_ops._options)[0]  # pylint: disable=protected-access
+    return reduce_fn
+
+
+def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
+                    dtype=tf.float32):
+    """Seconds per all-reduce of `num_elements` with `algorithm`, one per repeat.
+
+    Each timed call runs `steps` all-reduces chained by data dependency on
+    every local replica (all workers must call this together, in the same order).
+
+    Args:
+        cross_ops: The strategy's `CrossDeviceOps`.
+        algorithm: "native" or a graph-engine algorithm name.
+    """
+    devices = cross_ops._devices  # pylint: disable=protected-access
+    if algorithm == auto.NATIVE:
+        reduce_fn = _native_reduce(cross_ops)
+    else:
+        engine = cross_ops._graph_engine()  # pylint: disable=protected-access
+        reduce_fn = lambda x, i: engine.all_reduce(x, i, algorithm)  # noqa: E731
+
+    @tf.function(autograph=False)
+    def run():
+        xs = []
+        for device in devices:
+            with tf.device(device):
+                xs.append(tf.ones([num_elements], dtype))
+        for _ in range(steps):
+            xs = [reduce_fn(x, i) for i, x in enumerate(xs)]
+        return [x[:1] for x in xs]
+
+    return [t / steps for t in _per_call_seconds(run, repeats)]
+
+
+def measure(cross_ops, repeats=5) -> dict:
+    """Runs the probe on every local replica; returns this worker's figures."""
+    devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
+
+    def median(name, num_elements, steps):
+        return float(np.median(time_all_reduce(cross_ops, name, num_elements, steps,
+                                               repeats)))
+
+    gamma = _local_add_seconds(devices[0], _LARGE, 5, repeats) / (4 * _LARGE)
+    alphas, betas = [], []
+    for name in ("butterfly", "ring"):
+        t_small, t_large = median(name, _SMALL, 8), median(name, _LARGE, 2)
+        small = cost._cached_stats(name, world, _SMALL)  # pylint: disable=protected-access
+        large = cost._cached_stats(name, world, _LARGE)  # pylint: disable=protected-access
+        messages = sum(s[0] for s in small)
+        link = [4 * sum(s[1] for s in st) for st in (small, large)]
+        reduced = [4 * sum(s[2] for s in st) for st in (small, large)]
+        beta = ((t_large - gamma * reduced[1]) - (t_small - gamma * reduced[0])) / (
+            link[1] - link[0])
+        betas.append(max(beta, 1e-13))
+        alphas.append(max((t_small - betas[-1] * link[0] - gamma * reduced[0]) / messages,
+                          1e-7))
+    n_small, n_large = median(auto.NATIVE, _SMALL, 8), median(auto.NATIVE, _LARGE, 2)
+    slope = max((n_large - n_small) / (4 * (_LARGE - _SMALL)), 1e-13)
+    return {"alpha": float(np.mean(alphas)), "beta": float(np.mean(betas)),
+            "gamma": gamma, "native_latency": max(n_small - slope * 4 * _SMALL, 1e-7),
+            "native_seconds_per_byte": slope}
+
+
+def broadcast_from_chief(cross_ops, values, first_rank):
+    """Every worker gets rank 0's `values` (a list of floats)."""
+    if cross_ops._group_size == len(cross_ops._devices):  # pylint: disable=protected-access
+        return list(values)  # one process: nothing to agree on
+    devices = cross_ops._devices  # pylint: disable=protected-access
+    native = _native_reduce(cross_ops)
+
+    @tf.function(autograph=False)
+    def run():
+        out = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                mine = tf.constant(values, tf.float64) * float(first_rank + i == 0)
+            out.append(native(mine, i))
+        return out[0]
+
+    return [float(v) for v in run().numpy()]
+
+
+def calibrate(cross_ops, key, first_rank, cache_path=DEFAULT_CACHE, probe=True,
+              repeats=5) -> auto.Calibration:
+    """The cluster's `Calibration`, identical on every worker.
+
+    Args:
+        cross_ops: The strategy's `CrossDeviceOps`.
+        key: `cluster_key(...)` of this cluster.
+        first_rank: Global rank of this worker's first replica (0 is the chief).
+        cache_path: JSON cache read and written by the chief; None disables it.
+        probe: False skips the probe (cache, else built-in defaults).
+        repeats: Timed repetitions per measurement (median).
+    """
+    world = cross_ops._group_size  # pylint: disable=protected-access
+    cached = read_cache(cache_path, key) if (cache_path and first_rank == 0) else None
+    have = [1.0] + [getattr(cached, f) for f in _FIELDS] if cached else [0.0] * 6
+    have = broadcast_from_chief(cross_ops, have, first_rank)
+    if have[0]:
+        return auto.Calibration(key, world, *have[1:])
+    if not probe:
+        return auto.Calibration.defaults(key, world)
+    start = time.perf_counter()
+    mine = measure(cross_ops, repeats)
+    agreed = broadcast_from_chief(cross_ops, [mine[f] for f in _FIELDS], first_rank)
+    calibration = auto.Calibration(key, world, *agreed)
+    log.info("tfdist_ext: calibrated all-reduce cost model in %.1f s",
+             time.perf_counter() - start)
+    if cache_path and first_rank == 0:
+        write_cache(cache_path, calibration)
+    return calibration

@@ -1,0 +1,115 @@
+"""Moving one compressed buffer: compress, communicate, decompress (with error feedback).
+
+    reducible (fp16, bf16, random-k):   payload --all-reduce (the configured algorithm)--> decompress
+    others (top-k, QSGD, sign, ...):    payload --bytes--> int32 --one all-gather--> decompress_sum
+
+TF's CPU CollectiveGatherV2 takes only float32/float16/float64/int32/int64, and
+payloads mix uint8 codes, int32 indices and float scales, so a non-reducible
+payload travels as the concatenation of its tensors' bytes, padded to a
+multiple of 4 and bit-cast to int32: one gather per buffer, whatever the
+compressor.
+"""
+
+import zlib
+
+import tensorflow as tf
+
+from tfdist_ext.compression.base import FLOAT_DTYPES, NoCompression, fold_seed
+from tfdist_ext.compression.error_feedback import compress_with_feedback
+
+_SEED_BASE = 0x7FD15
+
+
+def _to_bytes(tensor):
+    if tensor.dtype == tf.uint8:
+        return tensor
+    return tf.reshape(tf.bitcast(tensor, tf.uint8), [-1])
+
+
+def _from_bytes(data, dtype):
+    if dtype == tf.uint8:
+        return data
+    width = dtype.size
+    return tf.bitcast(tf.reshape(data, [-1, width]), dtype)
+
+
+def pack(payload):
+    """Payload tensors -> one int32 tensor (their bytes, zero-padded to a multiple of 4)."""
+    data = tf.concat([_to_bytes(t) for t in payload], 0)
+    pad = -data.shape[0] % 4
+    if pad:
+        data = tf.concat([data, tf.zeros([pad], tf.uint8)], 0)
+    return tf.bitcast(tf.reshape(data, [-1, 4]), tf.int32)
+
+
+def unpack_gathered(gathered, specs, world_size):
+    """Inverse of `pack` after an all-gather of `world_size` packed payloads.
+
+    Returns each payload tensor as [world_size * L_j], replica r at [r*L_j:(r+1)*L_j].
+    """
+    per_replica = tf.reshape(tf.bitcast(gathered, tf.uint8), [world_size, -1])
+    fields, offset = [], 0
+    for spec in specs:
+        width = spec.shape.num_elements() * spec.dtype.size
+        raw = tf.reshape(per_replica[:, offset:offset + width], [-1])
+        fields.append(_from_bytes(raw, spec.dtype))
+        offset += width
+    return tuple(fields)
+
+
+def buffer_seed(compressor, key, step, rank):
+    """The seed replica `rank` compresses buffer `key` with at `step`.
+
+    Identical on every replica when the compressor has `shared_seed` (random-k
+    indices), independent per rank otherwise (stochastic rounding). crc32, not
+    hash(): str hashes differ between processes, seeds must not.
+    """
+    bucket = zlib.crc32(key.encode()) % (1 << 30)
+    return compressor.replica_seed(fold_seed(_SEED_BASE, step, bucket), rank)
+
+
+def reduce_buffer(flat, compressor, *, state, key, replica, rank, world_size, step,
+                  all_reduce, all_gather):
+    """The SUM over replicas of the 1-D buffer `flat`, sent through `compressor`.
+
+    Args:
+        flat: This replica's 1-D buffer (static length).
+        compressor: A `Compressor`; integer buffers and "none" go dense.
+        state: The strategy's `StrategyState` (residuals).
+        key: Stable name of this buffer (same every step), for its residual.
+        replica: Local replica index; rank: its global rank.
+        world_size: Replicas in sync.
+        step: int64 scalar, this replica's step counter (seeds, warm-up).
+        all_reduce: ``fn(tensor) -> SUM over replicas`` (configured algorithm).
+        all_gather: ``fn(int32 tensor) -> concatenation over replicas``.
+    """
+    n, dtype = flat.shape.num_elements(), flat.dtype
+    if isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES or n == 0:
+        return all_reduce(flat)
+    seed = buffer_seed(compressor, key, step, rank)
+    residual = (state.residual(key, replica, n, dtype)
+                if compressor.error_feedback else None)
+
+    def compressed():
+        payload, new_residual = compress_with_feedback(
+            compressor, flat, None if residual is None else residual.read_value(), seed)
+        if compressor.reducible:
+            summed = tuple(all_reduce(t) for t in payload)
+            result = compressor.decompress(summed, n, dtype, seed=seed)
+        else:
+            specs = compressor.payload_spec(n, dtype)
+            gathered = unpack_gathered(all_gather(pack(payload)), specs, world_size)
+            result = compressor.decompress_sum(gathered, n, dtype, world_size, seed=seed)
+        if residual is None:
+            return result
+        with tf.control_dependencies([residual.assign(new_residual)]):
+            return tf.identity(result)
+
+    if compressor.warmup_steps:
+        return tf.cond(step < compressor.warmup_steps, lambda: all_reduce(flat), compressed)
+    return compressed()
+
+
+def wire_bytes_gather(payload_bytes, world_size):
+    """Bytes one replica sends in a ring all-gather of `payload_bytes` each."""
+    return (world_size - 1) * (payload_bytes + (-payload_bytes % 4))

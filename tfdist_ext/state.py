@@ -1,0 +1,70 @@
+"""What a strategy remembers between steps, as tracked variables.
+
+Per replica: a step counter (seeds and warm-up follow it) and the
+error-feedback residual of every compressed buffer; per worker: byte counters.
+`Strategy.state` is a `tf.Module`, so a `tf.train.Checkpoint(model=model,
+optimizer=optimizer, tfdist=strategy.state)` saves and restores all of it
+(residuals created after `restore()` are filled in by TF's deferred
+restoration).
+
+Variables are created on first use while the train step is traced, under
+`init_scope` and directly as `ResourceVariable`s on the replica's device: they
+must not become MirroredVariables (each replica's residual differs).
+"""
+
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+
+class StrategyState(tf.Module):
+    """Residuals, step counters and communication counters of one strategy.
+
+    Args:
+        devices: This worker's local replica devices.
+    """
+
+    def __init__(self, devices):
+        super().__init__(name="tfdist_state")
+        self._devices = tuple(devices)
+        self.steps = [self._variable(0, tf.int64, i, "step") for i in range(len(devices))]
+        # Counted on local replica 0: what this worker sent, what dense sync SGD
+        # with the same algorithm would have sent, and the reductions issued.
+        self.bytes_sent = self._variable(0, tf.int64, 0, "bytes_sent")
+        self.dense_bytes = self._variable(0, tf.int64, 0, "dense_bytes")
+        self.reductions = self._variable(0, tf.int64, 0, "reductions")
+        self.residuals = {}
+
+    def _variable(self, initial, dtype, replica, name):
+        with _compat.init_scope(), tf.device(self._devices[replica]):
+            return _compat.ResourceVariable(tf.constant(initial, dtype), trainable=False,
+                                            name=name)
+
+    def residual(self, key, replica, num_elements, dtype):
+        """The residual variable of buffer `key` on `replica` (created zero on first use)."""
+        if key not in self.residuals:
+            variables = []
+            for i, device in enumerate(self._devices):
+                with _compat.init_scope(), tf.device(device):
+                    variables.append(_compat.ResourceVariable(
+                        tf.zeros([num_elements], dtype), trainable=False,
+                        name=f"residual_{key}_{i}"))
+            self.residuals[key] = variables
+        return self.residuals[key][replica]
+
+    def next_step(self, replica):
+        """Increments `replica`'s step counter; returns the step before it."""
+        return self.steps[replica].assign_add(1) - 1
+
+    def count(self, bytes_sent, dense_bytes):
+        """Adds one reduction's byte counts (Python ints) to the counters."""
+        return tf.group(self.bytes_sent.assign_add(bytes_sent),
+                        self.dense_bytes.assign_add(dense_bytes),
+                        self.reductions.assign_add(1))
+
+    def stats(self):
+        """Counters as Python numbers (eager)."""
+        sent, dense = int(self.bytes_sent.numpy()), int(self.dense_bytes.numpy())
+        return {"bytes_sent": sent, "dense_bytes": dense,
+                "reductions": int(self.reductions.numpy()),
+                "compression_ratio": dense / sent if sent else 1.0}
