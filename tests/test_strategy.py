@@ -87,6 +87,7 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     ({"compression": "topkk"}, ValueError, r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
     ({"sync": "async"}, ValueError, r"Unknown sync 'async'. Valid names: 'sync'"),
     ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed'"),
+    ({"bucketing": "wfbp"}, NotImplementedError, r"the 'wfbp' planner exists"),
     ({"bucketing": {"name": "fixed", "bytes_per_bucket": 0}}, ValueError,
      r"Argument `bytes_per_bucket` must be an integer >= 1; received 0"),
     ({"allreduce": {"name": "native", "colour": 1}}, ValueError, r"unknown option\(s\) \['colour'\]"),

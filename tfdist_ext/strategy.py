@@ -58,10 +58,17 @@ class StrategyConfig:
 
     @classmethod
     def from_args(cls, allreduce=None, compression_=None, sync_=None, bucketing_=None):
-        return cls(allreduce=allreduce_options.get(allreduce),
-                   compression=compression.get(compression_),
-                   sync=sync.get(sync_),
-                   bucketing=bucketing.get(bucketing_))
+        config = cls(allreduce=allreduce_options.get(allreduce),
+                     compression=compression.get(compression_),
+                     sync=sync.get(sync_),
+                     bucketing=bucketing.get(bucketing_))
+        if config.bucketing is not None and not isinstance(config.bucketing,
+                                                           bucketing.FixedSize):
+            raise NotImplementedError(
+                f"Argument `bucketing`: the {config.bucketing.name!r} planner exists "
+                "(tfdist_ext.bucketing) but the strategy cannot yet launch buckets "
+                "during backprop. Use bucketing=None or FixedSize(bytes) for now.")
+        return config
 
     def communication_options(self):
         """TF communication options implied by the configuration."""
