@@ -3,11 +3,15 @@
 Examples:
     tfdist-run -np 2 python examples/keras_fit.py --epochs 5
     tfdist-run -np 4 --timeout 600 -- python train.py --lr 0.1
+    tfdist-run -np 2 --link-bandwidth 50mbit --check -- python train.py  # needs root
 """
 
 import argparse
+import re
+import signal
 import sys
 
+from tfdist_ext.launch import netbed
 from tfdist_ext.launch.launcher import Launcher
 
 
@@ -22,6 +26,49 @@ def _positive(kind, minimum):
                 f"must be a number >= {minimum}; received {text!r}")
         return value
     return parse
+
+
+def _rate(text):
+    try:
+        netbed.parse_rate(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _delay(text):
+    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", text.strip().lower()):
+        raise argparse.ArgumentTypeError(
+            f"must be a delay such as 50ms, 500us or 1s; received {text!r}")
+    return text
+
+
+class _Stopped(BaseException):
+    """SIGINT/SIGTERM while the network test bed is being built or checked."""
+
+
+def _stop(signum, _frame):
+    raise _Stopped(signum)
+
+
+def _run_shaped(args, command, launcher) -> int:
+    """Builds the test bed, optionally checks it, runs the job, always tears down."""
+    bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say)
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with bed:
+            launcher.network = bed
+            if args.check:
+                from tfdist_ext.launch import netcheck  # pylint: disable=import-outside-toplevel
+                launcher.say(f"link check, worker 0 -> worker 1: {netcheck.measure(bed)}.")
+            return launcher.run() if command else 0
+    except _Stopped as stop:
+        name = signal.Signals(stop.args[0]).name
+        launcher.say(f"received {name}; network test bed removed.")
+        return 128 + stop.args[0]
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def build_parser():
@@ -40,6 +87,16 @@ def build_parser():
                              "(default 3)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show TensorFlow's C++ log lines (filtered by default)")
+    parser.add_argument("--link-bandwidth", type=_rate, default=None, metavar="RATE",
+                        help="run each worker in its own network namespace with every "
+                             "link shaped to RATE each way (tc syntax: 100kbit, 50mbit, "
+                             "1gbit); needs root and iproute2")
+    parser.add_argument("--link-latency", type=_delay, default=None, metavar="DELAY",
+                        help="not supported: only bandwidth is emulated (no netem)")
+    parser.add_argument("--check", action="store_true",
+                        help="with --link-bandwidth: measure TCP throughput from worker 0 "
+                             "to worker 1 before running the command (which may be "
+                             "omitted)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments")
     return parser
@@ -49,11 +106,22 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    if args.link_latency is not None:
+        parser.error(f"argument --link-latency: {netbed.LATENCY_UNSUPPORTED}.")
+    if args.check and (args.link_bandwidth is None or args.num_workers < 2):
+        parser.error("argument --check: needs --link-bandwidth and -np >= 2")
+    if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
+    if args.link_bandwidth is not None:
+        try:
+            netbed.check_available()
+        except netbed.NetBedError as err:
+            parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
                         verbose=args.verbose)
     try:
+        if args.link_bandwidth is not None:
+            return _run_shaped(args, command, launcher)
         return launcher.run()
     except FileNotFoundError as err:
         launcher.say(f"cannot start {command[0]!r}: {err.strerror}.")

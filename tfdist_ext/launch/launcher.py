@@ -1,7 +1,8 @@
 """Starts N worker processes on this machine, one TF_CONFIG each, and supervises them.
 
 Each worker is its own process group (so a worker's children stop with it),
-with TF_CONFIG naming every worker at 127.0.0.1 on a free port. Output lines
+with TF_CONFIG naming every worker at 127.0.0.1 on a free port (or at its
+namespace's address under a `netbed.NetBed`, `--link-bandwidth`). Output lines
 are prefixed with the worker index. The job's exit code is the first non-zero
 exit code; when a worker fails, the others are stopped (SIGTERM, then SIGKILL
 after `grace` seconds) and the launcher says which worker failed and how.
@@ -84,10 +85,12 @@ class Launcher:
         verbose: Also show TF's C++ log lines that are filtered by default.
         env: Extra environment variables for every worker.
         out: Stream for the prefixed output and the launcher's messages.
+        network: A `netbed.NetBed` that is set up (or None): worker i then runs
+            in its namespace and TF_CONFIG names the namespaces' addresses.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
-                 verbose=False, env=None, out=None):
+                 verbose=False, env=None, out=None, network=None):
         self.num_workers = num_workers
         self.command = list(command)
         self.timeout = timeout
@@ -95,6 +98,7 @@ class Launcher:
         self.verbose = verbose
         self.env = dict(env or {})
         self.out = out or sys.stdout
+        self.network = network
         self.workers: List[Worker] = []
         self._pumps: List[threading.Thread] = []
         self._lock = threading.Lock()
@@ -115,13 +119,16 @@ class Launcher:
                 self.out.flush()
 
     def _start(self):
-        ports = free_ports(self.num_workers)
-        configs = tf_configs([f"127.0.0.1:{p}" for p in ports])
+        ports = free_ports(self.num_workers)  # also free in a fresh namespace
+        hosts = self.network.addresses if self.network else ["127.0.0.1"] * len(ports)
+        configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)])
         for index, config in enumerate(configs):
+            # `ip netns exec` execs the command: the pid and process group stay the same.
+            command = self.network.wrap(index, self.command) if self.network else self.command
             env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1", **self.env)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env.setdefault("GRPC_VERBOSITY", "ERROR")
-            process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
             worker = Worker(index, process)
@@ -169,6 +176,8 @@ class Launcher:
                 pump.join(timeout=2.0)
             return code
         finally:
+            if any(w.process.poll() is None for w in self.workers):
+                self.stop_all()  # An exception left workers running.
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 

@@ -1,0 +1,162 @@
+"""tfdist-run --link-bandwidth: namespaces, tc shaping, and that nothing is left behind.
+
+Needs root and iproute2 (`ip`, `tc`); those tests skip otherwise. The argument
+checks run everywhere.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, read_worker_json
+from tfdist_ext.launch import cli, netbed
+
+_MISSING = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+needs_netbed = pytest.mark.skipif(
+    os.geteuid() != 0 or bool(_MISSING),
+    reason=("network namespaces and tc need root" if os.geteuid() != 0 else
+            f"iproute2 not installed (missing {', '.join(_MISSING)})"))
+
+# Records its pid, a child's pid and its TF_CONFIG address, then hangs.
+WORKER = """
+import json, os, subprocess, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+index = config["task"]["index"]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open(os.path.join(sys.argv[1], f"pids{index}"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid} {config['cluster']['worker'][index]}")
+time.sleep(120)
+"""
+
+
+def _state():
+    """Names of the test bed objects that exist now (namespaces, links, markers)."""
+    names = {n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True, check=True).stdout.split()
+             if n.startswith("tfdist-")}
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                           check=True).stdout
+    names |= {n for n in re.findall(r"^\d+: ([^:@]+)", links, re.M) if n.startswith("tfd")}
+    if os.path.isdir(netbed.MARKER_DIR):
+        names |= {f"marker:{n}" for n in os.listdir(netbed.MARKER_DIR)}
+    return names
+
+
+def _launch(*args):
+    return subprocess.Popen([sys.executable, "-m", "tfdist_ext.launch", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@needs_netbed
+@pytest.mark.multiworker
+def test_shaped_link_rate_and_keras_fit(tmp_path):
+    before = _state()
+    launcher = _launch("-np", 2, "--timeout", 240, "--link-bandwidth", "50mbit", "--check",
+                       "--", sys.executable, ROOT / "tests/workers/multiworker_checks.py",
+                       tmp_path, "tfdist")
+    out, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, out
+    mbit = float(re.search(r"measured [\d.]+ MB/s = ([\d.]+) Mbit/s", out).group(1))
+    assert abs(mbit - 50) / 50 < 0.25, out
+    results = read_worker_json(tmp_path, 2)
+    assert all(r["fit"]["ok"] and r["workers"] == 2 for r in results), results
+    assert results[0]["fit"]["value"]["sha"] == results[1]["fit"]["value"]["sha"]
+    assert _state() <= before, out  # (b) every namespace, link, qdisc and marker gone
+
+
+@needs_netbed
+@pytest.mark.parametrize("how, code", [("sigint", 130), ("timeout", 124)])
+def test_stopped_shaped_job_leaves_nothing(tmp_path, how, code):
+    before = _state()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    extra = ["--timeout", 4] if how == "timeout" else []
+    launcher = _launch("-np", 2, "--grace", 1, "--link-bandwidth", "10mbit", *extra,
+                       sys.executable, script, tmp_path)
+    deadline = time.monotonic() + 30
+    files = [tmp_path / f"pids{i}" for i in range(2)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+        time.sleep(0.05)
+    records = [f.read_text().split() for f in files]
+    assert [r[2].split(":")[0].rsplit(".", 1)[1] for r in records] == ["1", "2"]
+    assert all(r[2].startswith(netbed.SUBNET_PREFIX + ".") for r in records)
+    if how == "sigint":
+        launcher.send_signal(signal.SIGINT)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == code, out
+    time.sleep(0.2)
+    assert [p for r in records for p in r[:2] if _alive(int(p))] == [], out
+    assert _state() <= before, out
+
+
+@needs_netbed
+def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.makedirs(netbed.MARKER_DIR, exist_ok=True)
+    alive_marker = os.path.join(netbed.MARKER_DIR, "a11fe")
+    try:
+        with open(os.path.join(netbed.MARKER_DIR, "0dead"), "w", encoding="utf-8") as f:
+            f.write(f"{dead.pid}\n")
+        with open(alive_marker, "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")  # A run still going: must be left alone.
+        subprocess.run(["ip", "netns", "add", "tfdist-0dead-0"], check=True)
+        subprocess.run(["ip", "link", "add", "tfd0dead", "type", "bridge"], check=True)
+        orphan = subprocess.Popen(["ip", "netns", "exec", "tfdist-0dead-0", "sleep", "60"])
+        launcher = _launch("-np", 1, "--link-bandwidth", "1mbit", sys.executable, "-c", "")
+        out, _ = launcher.communicate(timeout=60)
+        assert launcher.returncode == 0, out
+        assert "cleaned network test bed(s) left by killed runs: 0dead " in out
+        left = _state()
+        assert not {"tfdist-0dead-0", "tfd0dead", "marker:0dead"} & left, left
+        assert "marker:a11fe" in left
+        assert orphan.wait(timeout=5) == -signal.SIGKILL  # a worker the dead run left
+    finally:
+        netbed.remove_job("0dead")
+        os.remove(alive_marker)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--link-bandwidth", "fast"], "argument --link-bandwidth: must be a tc rate of at "
+                                   "least 8kbit such as 100kbit, 50mbit, 1gbit or 10mbps"),
+    (["--link-bandwidth", "50"], "received '50'"),
+    (["--link-bandwidth", "50mbit", "--link-latency", "50ms"],
+     "argument --link-latency: link delay is not emulated; only bandwidth is (tc HTB)"),
+    (["--link-latency", "soon"], "must be a delay such as 50ms"),
+    (["--check"], "argument --check: needs --link-bandwidth and -np >= 2"),
+])
+def test_bad_network_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["-np", "2", *argv, "true"])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_privilege_or_tools_say_what_and_how(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit):
+        cli.main(["-np", "2", "--link-bandwidth", "50mbit", "true"])
+    err = capsys.readouterr().err
+    assert "needs root" in err and "uid 1000" in err
+    assert "leave out --link-bandwidth: the plain launcher works without it" in err
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else "/bin/x")
+    with pytest.raises(netbed.NetBedError,
+                       match=r"needs `ip` and `tc` \(iproute2\); not found on PATH: tc\. "):
+        netbed.check_available()

@@ -1,0 +1,253 @@
+"""A slow-network test bed: one network namespace per worker, a shaped link each.
+
+    root namespace                     namespace tfdist-<job>-<i>
+    +-----------------------+          +-------------------------------+
+    | bridge tfd<job>       |--veth----| tfd<job>n<i>  10.213.B.(i+1)/24 |
+    |   port tfd<job>r<i>   |  pair    |   lo up                       |
+    +-----------------------+          +-------------------------------+
+
+Shaping: an HTB class of the requested rate on BOTH ends of every veth, i.e.
+each worker's egress (namespace side: what it sends) and ingress (bridge side:
+what it receives) is capped at the rate, like a full-duplex switch port of
+that speed. Two workers talking therefore see the rate in each direction.
+
+Only bandwidth is emulated. Delay needs the kernel's `netem` qdisc, which the
+kernels we run on lack; a user-space TCP proxy would delay data but not TCP's
+handshakes and ACKs (it acknowledges at once), so congestion control would not
+see the added round-trip time. See `LATENCY_UNSUPPORTED`.
+
+Everything created is named after a short random job id, and a marker file
+/run/tfdist_netbed/<job> holds the launcher's pid (and its start time). A run
+that was killed before tearing down leaves a marker whose pid is gone; the
+next `setup()` removes what it left and says so in one line.
+"""
+
+import ipaddress
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+from typing import List, Optional
+
+MARKER_DIR = "/run/tfdist_netbed"
+SUBNET_PREFIX = "10.213"  # 10.213.B.0/24, B chosen per job among unused ones.
+NO_NETBED = "leave out --link-bandwidth: the plain launcher works without it"
+LATENCY_UNSUPPORTED = (
+    "link delay is not emulated; only bandwidth is (tc HTB). Delay needs the kernel's "
+    "netem qdisc, which this machine's kernel lacks, and a user-space proxy would "
+    "delay data but not TCP's handshakes and ACKs, so it would not act like a slower "
+    "link. Drop --link-latency")
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|[kmgt]i?bit|bps|[kmgt]i?bps)$")
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+class NetBedError(RuntimeError):
+    """The test bed cannot be built here (privilege, tools) or a command failed."""
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc rate such as '50mbit', '1gbit', '100kbit', '10mbps'.
+
+    Raises:
+        ValueError: naming the text received and the accepted forms.
+    """
+    match = _RATE.match(text.strip().lower())
+    bps = 0.0
+    if match:
+        unit = match.group(2)
+        bps = float(match.group(1)) * _SCALE[unit[:-3]] * (8 if unit.endswith("bps") else 1)
+    if bps < 8000:
+        raise ValueError(
+            f"must be a tc rate of at least 8kbit such as 100kbit, 50mbit, 1gbit or 10mbps "
+            f"(units: bit, kbit, mbit, gbit, tbit, *ibit, bps, kbps, mbps, gbps); "
+            f"received {text!r}")
+    return bps
+
+
+def check_available():
+    """Raises NetBedError unless we are root and `ip` and `tc` are installed."""
+    if os.geteuid() != 0:
+        raise NetBedError(
+            f"--link-bandwidth needs root (network namespaces and tc); running as uid "
+            f"{os.geteuid()}. Run as root, or {NO_NETBED}.")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise NetBedError(
+            f"--link-bandwidth needs `ip` and `tc` (iproute2); not found on PATH: "
+            f"{', '.join(missing)}. Install iproute2 (apt-get install -y iproute2), or "
+            f"{NO_NETBED}.")
+
+
+def _run(*argv, check=True) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise NetBedError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The kernel's start time of `pid` (None when gone or a zombie): pids get reused."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def remove_job(job: str):
+    """Deletes every namespace (killing what still runs there), veth and bridge of `job`,
+    and its marker. Idempotent."""
+    for name in _run("ip", "netns", "list", check=False).split():
+        if re.fullmatch(rf"tfdist-{job}-\d+", name):
+            for pid in _run("ip", "netns", "pids", name, check=False).split():
+                try:  # Workers of a killed launcher would keep the namespace alive.
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _run("ip", "netns", "delete", name, check=False)
+    links = re.findall(r"^\d+: ([^:@]+)", _run("ip", "-o", "link", "show", check=False), re.M)
+    for link in sorted(links, reverse=True):  # veths (tfd<job>r<i>) before the bridge
+        if link.startswith(f"tfd{job}"):
+            _run("ip", "link", "delete", link, check=False)
+    try:
+        os.remove(os.path.join(MARKER_DIR, job))
+    except FileNotFoundError:
+        pass
+
+
+def clean_leftovers(log=None) -> List[str]:
+    """Removes what runs whose launcher is no longer alive left behind; returns their ids."""
+    cleaned = []
+    names = sorted(os.listdir(MARKER_DIR)) if os.path.isdir(MARKER_DIR) else []
+    for job in names:
+        try:
+            with open(os.path.join(MARKER_DIR, job), encoding="utf-8") as f:
+                fields = f.read().split()
+        except OSError:
+            continue
+        pid = int(fields[0]) if fields and fields[0].isdigit() else 0
+        started = fields[1] if len(fields) > 1 else None
+        now = _start_time(pid) if pid > 0 else None
+        if now is not None and (started is None or started == now):
+            continue  # Its launcher is still running.
+        remove_job(job)
+        cleaned.append(job)
+    if cleaned and log is not None:
+        log(f"cleaned network test bed(s) left by killed runs: {', '.join(cleaned)} "
+            f"(namespaces tfdist-<id>-* and what ran in them, bridge/veths tfd<id>*, "
+            f"{MARKER_DIR}/<id>).")
+    return cleaned
+
+
+def _subnets_in_use() -> List[ipaddress.IPv4Network]:
+    nets = [ipaddress.ip_interface(a).network for a in re.findall(
+        r"inet (\S+)", _run("ip", "-4", "-o", "addr", "show", check=False))]
+    for line in _run("ip", "-4", "route", "show", "table", "all", check=False).splitlines():
+        word = line.split()[0] if line.split() else ""
+        if word not in ("default", "broadcast", "local") and re.match(r"[\d./]+$", word):
+            nets.append(ipaddress.ip_network(word, strict=False))
+    return nets
+
+
+class NetBed:
+    """N namespaces on one bridge, each link shaped to `rate`.
+
+    Args:
+        num_workers: Namespaces to create (one per worker).
+        rate: A tc rate, e.g. '50mbit' (validated by `parse_rate`).
+        log: Callable taking one line, for what the bed does (e.g. cleaning).
+
+    Use `with NetBed(...) as bed:` or `setup()` / `teardown()`; `bed.addresses[i]`
+    is worker i's IPv4 address and `bed.wrap(i, argv)` runs argv inside its namespace.
+    """
+
+    def __init__(self, num_workers: int, rate: str, log=None):
+        if not 1 <= num_workers <= 253:
+            raise ValueError(f"NetBed: `num_workers` must be 1..253 (one /24); "
+                             f"received {num_workers}")
+        self.rate_bps = parse_rate(rate)
+        self.rate = rate.strip().lower()
+        self.num_workers = num_workers
+        self.log = log or (lambda line: None)
+        self.addresses: List[str] = []
+        self._created = False
+        self._name("%05x" % random.getrandbits(20))
+
+    def _name(self, job: str):
+        self.job = job  # 5 hex digits: `tfd<job>r<i>` fits the 15-character limit.
+        self.bridge = f"tfd{job}"
+        self.namespaces = [f"tfdist-{job}-{i}" for i in range(self.num_workers)]
+
+    def wrap(self, index: int, argv) -> List[str]:
+        """`argv` run inside worker `index`'s namespace (`ip` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.namespaces[index], *argv]
+
+    def _shape(self, device: str, netns: Optional[str] = None):
+        tc = ["tc", "-n", netns] if netns else ["tc"]
+        # A burst of a few ms of traffic (>= 64 KB for GSO packets) keeps HTB accurate.
+        burst = str(max(64 * 1024, int(self.rate_bps / 8 * 0.002)))
+        _run(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb",
+             "default", "1")
+        _run(*tc, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb",
+             "rate", self.rate, "ceil", self.rate, "burst", burst, "cburst", burst,
+             "quantum", "60000")
+
+    def setup(self) -> "NetBed":
+        check_available()
+        clean_leftovers(self.log)
+        os.makedirs(MARKER_DIR, exist_ok=True)
+        while os.path.exists(os.path.join(MARKER_DIR, self.job)):  # id taken: draw again
+            self._name("%05x" % random.getrandbits(20))
+        with open(os.path.join(MARKER_DIR, self.job), "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        self._created, self.addresses = True, []
+        try:
+            used = _subnets_in_use()
+            free = [b for b in range(256) if not any(
+                ipaddress.ip_network(f"{SUBNET_PREFIX}.{b}.0/24").overlaps(n) for n in used)]
+            if not free:
+                raise NetBedError(f"no free /24 left in {SUBNET_PREFIX}.0.0/16")
+            subnet = f"{SUBNET_PREFIX}.{random.choice(free)}"
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for i, netns in enumerate(self.namespaces):
+                outer, inner = f"tfd{self.job}r{i}", f"tfd{self.job}n{i}"
+                _run("ip", "netns", "add", netns)
+                _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner,
+                     "netns", netns)
+                _run("ip", "link", "set", outer, "master", self.bridge, "up")
+                _run("ip", "-n", netns, "link", "set", "lo", "up")
+                _run("ip", "-n", netns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", inner)
+                _run("ip", "-n", netns, "link", "set", inner, "up")
+                self._shape(inner, netns)
+                self._shape(outer)
+                self.addresses.append(f"{subnet}.{i + 1}")
+        except BaseException:
+            self.teardown()
+            raise
+        self.log(f"network test bed {self.job}: {self.num_workers} namespaces on "
+                 f"{subnet}.0/24, every link shaped to {self.rate} each way (tc HTB).")
+        return self
+
+    def teardown(self):
+        """Removes everything `setup` created; safe to call twice or after a failed setup."""
+        if not self._created:
+            return
+        # A Ctrl-C now would leave half a bed behind: hold SIGINT/SIGTERM until done.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            remove_job(self.job)
+            self._created = False
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def __enter__(self):
+        return self.setup()
+
+    def __exit__(self, *exc):
+        self.teardown()
