@@ -18,6 +18,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -57,6 +58,7 @@ def run(args):
     import tfdist_ext  # pylint: disable=import-outside-toplevel
     from tfdist_ext.collectives import auto, calibration, options  # pylint: disable=import-outside-toplevel
 
+    tf.get_logger().setLevel("ERROR")  # one tf.function per measurement is the point here
     allreduce = {"name": "auto", "calibration_cache": None} if args.no_cache else "auto"
     strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas)
     cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
@@ -69,25 +71,33 @@ def run(args):
     for size in [options.parse_size(s) for s in args.sizes.split(",")]:
         elements = max(size // 4, 1)
         steps = args.steps or (8 if size < (1 << 20) else 2)
+        chosen = {name: (auto.choose(cross_ops.calibration, 4 * elements)
+                         if name == "auto" else name) for name in names}
+        fns = {name: calibration.all_reduce_fn(cross_ops, chosen[name], elements, steps)
+               for name in names}
+        for fn in fns.values():  # trace and warm up, in the same order everywhere
+            fn()
+        seconds = {name: [] for name in names}
+        for _ in range(args.repeat):  # interleaved, so drift hits every row alike
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                seconds[name].append((time.perf_counter() - start) / steps)
         for name in names:
-            algorithm = (auto.choose(cross_ops.calibration, 4 * elements)
-                         if name == "auto" else name)
-            seconds = calibration.time_all_reduce(cross_ops, algorithm, elements, steps,
-                                                  args.repeat, tf.float32)
-            t_min, t_med = min(seconds), float(np.median(seconds))
+            t_min, t_med = min(seconds[name]), float(np.median(seconds[name]))
             algbw = 4 * elements / t_med / 1e9
             records.append({
                 "world": world, "placement": placement, "algorithm": name,
-                "choice": algorithm, "bytes": 4 * elements,
+                "choice": chosen[name], "bytes": 4 * elements,
                 "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
                 "algbw_GBps": algbw,
                 "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
-                "modelled_ms": 1e3 * cross_ops.calibration.predict(algorithm, 4 * elements)})
+                "modelled_ms": 1e3 * cross_ops.calibration.predict(chosen[name], 4 * elements)})
             if is_chief:
                 r = records[-1]
                 print(f"{r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "
                       f"{r['time_ms_median']:9.3f} {r['busbw_GBps']:8.3f}  "
-                      f"{'-> ' + algorithm if name == 'auto' else ''}", flush=True)
+                      f"{'-> ' + chosen[name] if name == 'auto' else ''}", flush=True)
     if is_chief:
         summarize(records, args)
     return 0

@@ -184,8 +184,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
             return
         cross_ops.calibration = calibration.calibrate(
-            cross_ops, key, cross_ops.first_rank, cache_path=options.calibration_cache,
-            probe=options.calibrate)
+            cross_ops, key, cross_ops.first_rank, auto.candidates_or_all(options.candidates),
+            cache_path=options.calibration_cache, probe=options.calibrate)
         self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
                                                        candidates=options.candidates)
         if cross_ops.first_rank == 0:

@@ -14,21 +14,25 @@ from tfdist_ext.collectives import auto, calibration
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
-def _calibration(**overrides):
+def _calibration(native_per_byte=1 / 0.5e9, **overrides):
     values = dict(cluster_key="k", world_size=4, alpha=3e-4, beta=1 / 1e9, gamma=1 / 5e9,
-                  native_latency=1.5e-3, native_seconds_per_byte=1 / 0.5e9)
+                  lines=(("native", 1.5e-3, native_per_byte),))
     values.update(overrides)
     return auto.Calibration(**values)
 
 
 def test_choice_follows_the_model():
     cal = _calibration()
+    # Unprobed algorithms fall back to the alpha-beta-gamma schedule model.
     assert auto.choose(cal, 1024) == "butterfly"  # 2 messages beat native's 1.5 ms
     big = auto.choose(cal, 64 << 20)
     assert big in ("halving_doubling", "ring")
-    assert auto.choose(_calibration(native_seconds_per_byte=1 / 50e9), 64 << 20) == "native"
+    assert auto.choose(_calibration(native_per_byte=1 / 50e9), 64 << 20) == "native"
     assert auto.choose(_calibration(world_size=1), 1 << 20) == "native"
     assert auto.choose(cal, 1024, candidates=["ring", "tree"]) == "tree"
+    # A probed line wins over the schedule model.
+    probed = _calibration(lines=(("native", 1.5e-3, 1e-9), ("ring", 1e-5, 1e-12)))
+    assert auto.choose(probed, 1024) == "ring" and auto.choose(probed, 64 << 20) == "ring"
     rows = auto.decision_table(cal)
     assert [r["bytes"] for r in rows] == list(auto.TABLE_SIZES)
     for row in rows:
@@ -69,8 +73,11 @@ def test_auto_calibrates_caches_and_trains_like_native(tmp_path):
     strategy, weights = _fit({"name": "auto", "calibration_cache": cache})
     cal = strategy.calibration
     assert cal.measured and cal.world_size == 4
-    for field in ("alpha", "beta", "gamma", "native_latency", "native_seconds_per_byte"):
+    for field in ("alpha", "beta", "gamma"):
         assert 0 < getattr(cal, field) < 1, field
+    assert [line[0] for line in cal.lines] == list(auto.candidates_or_all(None))
+    for _, latency, per_byte in cal.lines:
+        assert 0 < latency < 1 and 0 < per_byte < 1e-6
     assert json.loads(open(cache, encoding="utf-8").read())["calibration"]["alpha"] == cal.alpha
     again = tfdist_ext.Strategy(num_replicas=4, allreduce={"name": "auto",
                                                            "calibration_cache": cache})

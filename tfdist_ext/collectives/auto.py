@@ -1,12 +1,13 @@
 """`allreduce="auto"`: pick, per fused buffer size, the algorithm with the lowest modelled time.
 
-The model has two parts, both calibrated on the running cluster (see
-`calibration.py`):
-    * the graph engine's schedules: alpha per message, beta per byte on the
-      busiest link, gamma per byte reduced, applied to each schedule by
-      `cost.predict` (so a new algorithm needs no formula);
-    * TF's native ring, a single C++ op: a straight line
-      ``native_latency + native_seconds_per_byte * bytes`` fitted at this world size.
+Each candidate's time is a straight line ``latency + seconds_per_byte * bytes``
+measured for that algorithm on the running cluster at two sizes (see
+`calibration.py`). Lines per algorithm, rather than one alpha-beta-gamma model
+for all schedules, because the schedule model's "busiest link" is wrong when
+replicas share cores and memory (logical replicas in one process: measured
+1.9x off at 1 MB); the alpha-beta-gamma constants derived from the same probe
+still model any algorithm that was not probed (`cost.predict` on its schedule)
+and are logged for comparison.
 
 Every worker must decide identically, so decisions are a pure function of a
 `Calibration` that the chief measured and broadcast. Ties go to the
@@ -30,11 +31,10 @@ class Calibration:
     Attributes:
         cluster_key: Identifies the cluster the numbers were measured on.
         world_size: Replicas in sync when measured.
-        alpha: Graph engine start-up per message.
-        beta: Graph engine seconds per byte on one rank's link.
+        alpha: Graph engine start-up per message (derived).
+        beta: Graph engine seconds per byte on one rank's link (derived).
         gamma: Seconds per byte of local reduction (an add).
-        native_latency: TF native all-reduce time of a tiny buffer.
-        native_seconds_per_byte: TF native all-reduce slope.
+        lines: ``(name, latency_seconds, seconds_per_byte)`` per probed algorithm.
         measured: False when these are defaults, not measurements.
     """
 
@@ -43,17 +43,22 @@ class Calibration:
     alpha: float
     beta: float
     gamma: float
-    native_latency: float
-    native_seconds_per_byte: float
+    lines: Tuple[Tuple[str, float, float], ...] = ()
     measured: bool = True
+
+    def __post_init__(self):  # JSON gives lists
+        object.__setattr__(self, "lines", tuple(tuple(line) for line in self.lines))
 
     def cost_model(self) -> CostModel:
         return CostModel(self.alpha, self.beta, self.gamma)
 
     def predict(self, name: str, num_bytes: int, itemsize: int = 4) -> float:
         """Modelled seconds for algorithm `name` on a buffer of `num_bytes`."""
+        for line_name, latency, per_byte in self.lines:
+            if line_name == name:
+                return latency + per_byte * num_bytes
         if name == NATIVE:
-            return self.native_latency + self.native_seconds_per_byte * num_bytes
+            raise ValueError("The calibration has no line for 'native'.")
         num_bytes -= num_bytes % itemsize
         return predict(name, self.world_size, num_bytes, itemsize, self.cost_model())
 
@@ -62,8 +67,7 @@ class Calibration:
         """Figures measured on 2 workers over 127.0.0.1 (TF_NOTES section 7);
         used only when calibration is skipped and no cache exists."""
         return cls(cluster_key, world_size, alpha=4e-4, beta=1 / 0.8e9, gamma=1 / 4e9,
-                   native_latency=1.7e-3, native_seconds_per_byte=1 / 0.32e9,
-                   measured=False)
+                   lines=((NATIVE, 1.7e-3, 1 / 0.32e9),), measured=False)
 
 
 def candidates_or_all(candidates: Optional[Iterable[str]]) -> Tuple[str, ...]:
@@ -101,9 +105,7 @@ def format_table(calibration: Calibration, rows: List[dict]) -> str:
     lines = [f"allreduce='auto' on {calibration.world_size} replicas, {source}: "
              f"alpha={calibration.alpha * 1e6:.1f} us/msg, "
              f"beta={1e-9 / max(calibration.beta, 1e-30):.2f} GB/s, "
-             f"gamma={1e-9 / max(calibration.gamma, 1e-30):.2f} GB/s, native "
-             f"{calibration.native_latency * 1e3:.2f} ms + "
-             f"{1e-9 / max(calibration.native_seconds_per_byte, 1e-30):.2f} GB/s",
+             f"gamma={1e-9 / max(calibration.gamma, 1e-30):.2f} GB/s; modelled ms:",
              "bytes".rjust(10) + "  choice".ljust(20) + "".join(n[:10].rjust(11) for n in names)]
     for row in rows:
         lines.append(f"{row['bytes']:>10}  {row['choice']:<18}" + "".join(

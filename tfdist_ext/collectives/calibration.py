@@ -1,10 +1,9 @@
 """Start-up calibration of the "auto" cost model on the running cluster.
 
-A short probe (about a second on 127.0.0.1) measures, on every worker at once:
-    * butterfly and ring through the graph engine at 1 KB and 4 MB
-      -> alpha (per message) and beta (per byte on the busiest link);
-    * a local add of 4 MB -> gamma;
-    * TF's native all-reduce at 1 KB and 4 MB -> its latency and slope.
+A short probe (2-6 s on 127.0.0.1) measures, on every worker at once, each
+candidate algorithm (and TF's native all-reduce) at 1 KB and 4 MB, which gives
+its latency and slope; alpha (per message) and beta (per byte on the busiest
+link) are derived from the butterfly and ring lines, gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
 same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,
@@ -14,6 +13,7 @@ broadcast first: a worker that skipped the probe while others ran it would
 leave them waiting.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,7 +33,6 @@ log = logging.getLogger("tfdist_ext")
 
 DEFAULT_CACHE = "~/.cache/tfdist_ext/calibration.json"
 _SMALL, _LARGE = 256, 1 << 20  # float32 elements: 1 KB and 4 MB
-_FIELDS = ("alpha", "beta", "gamma", "native_latency", "native_seconds_per_byte")
 
 
 def cluster_key(cluster_spec, world_size: int, devices) -> str:
@@ -80,6 +79,18 @@ def write_cache(path, calibration):
         warnings.warn(f"Could not write the calibration cache {path}: {err}.", stacklevel=2)
 
 
+@contextlib.contextmanager
+def _quiet_retracing():
+    """The probe builds one tf.function per measurement on purpose; TF warns about it."""
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _per_call_seconds(fn, repeats):
     fn()  # trace and warm up
     times = []
@@ -110,12 +121,8 @@ def _native_reduce(cross_ops):
     return reduce_fn
 
 
-def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
-                    dtype=tf.float32):
-    """Seconds per all-reduce of `num_elements` with `algorithm`, one per repeat.
-
-    Each timed call runs `steps` all-reduces chained by data dependency on
-    every local replica (all workers must call this together, in the same order).
+def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32):
+    """A tf.function running `steps` chained all-reduces on every local replica.
 
     Args:
         cross_ops: The strategy's `CrossDeviceOps`.
@@ -138,36 +145,43 @@ def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
             xs = [reduce_fn(x, i) for i, x in enumerate(xs)]
         return [x[:1] for x in xs]
 
+    return run
+
+
+def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
+                    dtype=tf.float32):
+    """Seconds per all-reduce of `num_elements` with `algorithm`, one per repeat.
+
+    All workers must call this together, in the same order.
+    """
+    run = all_reduce_fn(cross_ops, algorithm, num_elements, steps, dtype)
     return [t / steps for t in _per_call_seconds(run, repeats)]
 
 
-def measure(cross_ops, repeats=5) -> dict:
-    """Runs the probe on every local replica; returns this worker's figures."""
+def measure(cross_ops, candidates, repeats=5):
+    """Runs the probe on every local replica; returns (alpha, beta, gamma, lines)."""
     devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
-
-    def median(name, num_elements, steps):
-        return float(np.median(time_all_reduce(cross_ops, name, num_elements, steps,
-                                               repeats)))
-
+    lines = []
+    with _quiet_retracing():
+        for name in candidates:
+            small = float(np.median(time_all_reduce(cross_ops, name, _SMALL, 8, repeats)))
+            large = float(np.median(time_all_reduce(cross_ops, name, _LARGE, 2, repeats)))
+            slope = max((large - small) / (4 * (_LARGE - _SMALL)), 1e-13)
+            lines.append((name, max(small - slope * 4 * _SMALL, 1e-7), slope))
     gamma = _local_add_seconds(devices[0], _LARGE, 5, repeats) / (4 * _LARGE)
     alphas, betas = [], []
-    for name in ("butterfly", "ring"):
-        t_small, t_large = median(name, _SMALL, 8), median(name, _LARGE, 2)
+    for name, latency, per_byte in lines:
+        if name not in ("butterfly", "ring"):
+            continue
         small = cost._cached_stats(name, world, _SMALL)  # pylint: disable=protected-access
-        large = cost._cached_stats(name, world, _LARGE)  # pylint: disable=protected-access
         messages = sum(s[0] for s in small)
-        link = [4 * sum(s[1] for s in st) for st in (small, large)]
-        reduced = [4 * sum(s[2] for s in st) for st in (small, large)]
-        beta = ((t_large - gamma * reduced[1]) - (t_small - gamma * reduced[0])) / (
-            link[1] - link[0])
-        betas.append(max(beta, 1e-13))
-        alphas.append(max((t_small - betas[-1] * link[0] - gamma * reduced[0]) / messages,
-                          1e-7))
-    n_small, n_large = median(auto.NATIVE, _SMALL, 8), median(auto.NATIVE, _LARGE, 2)
-    slope = max((n_large - n_small) / (4 * (_LARGE - _SMALL)), 1e-13)
-    return {"alpha": float(np.mean(alphas)), "beta": float(np.mean(betas)),
-            "gamma": gamma, "native_latency": max(n_small - slope * 4 * _SMALL, 1e-7),
-            "native_seconds_per_byte": slope}
+        link = 4 * sum(s[1] for s in cost._cached_stats(name, world, _LARGE))  # pylint: disable=protected-access
+        reduced = 4 * sum(s[2] for s in cost._cached_stats(name, world, _LARGE))  # pylint: disable=protected-access
+        alphas.append(latency / max(messages, 1))
+        betas.append(max((per_byte * 4 * _LARGE - gamma * reduced) / max(link, 1), 1e-13))
+    defaults = auto.Calibration.defaults("", world)
+    return (float(np.mean(alphas)) if alphas else defaults.alpha,
+            float(np.mean(betas)) if betas else defaults.beta, gamma, lines)
 
 
 def broadcast_from_chief(cross_ops, values, first_rank):
@@ -189,7 +203,7 @@ def broadcast_from_chief(cross_ops, values, first_rank):
     return [float(v) for v in run().numpy()]
 
 
-def calibrate(cross_ops, key, first_rank, cache_path=DEFAULT_CACHE, probe=True,
+def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, probe=True,
               repeats=5) -> auto.Calibration:
     """The cluster's `Calibration`, identical on every worker.
 
@@ -197,24 +211,41 @@ def calibrate(cross_ops, key, first_rank, cache_path=DEFAULT_CACHE, probe=True,
         cross_ops: The strategy's `CrossDeviceOps`.
         key: `cluster_key(...)` of this cluster.
         first_rank: Global rank of this worker's first replica (0 is the chief).
+        candidates: Algorithm names to probe (sorted; the same on every worker).
         cache_path: JSON cache read and written by the chief; None disables it.
         probe: False skips the probe (cache, else built-in defaults).
         repeats: Timed repetitions per measurement (median).
     """
     world = cross_ops._group_size  # pylint: disable=protected-access
+    candidates = tuple(sorted(candidates))
     cached = read_cache(cache_path, key) if (cache_path and first_rank == 0) else None
-    have = [1.0] + [getattr(cached, f) for f in _FIELDS] if cached else [0.0] * 6
-    have = broadcast_from_chief(cross_ops, have, first_rank)
+    if cached is not None and {line[0] for line in cached.lines} != set(candidates):
+        cached = None  # probed other candidates
+    have = broadcast_from_chief(cross_ops, [1.0] + _flatten(cached, candidates)
+                                if cached else [0.0] * (4 + 2 * len(candidates)), first_rank)
     if have[0]:
-        return auto.Calibration(key, world, *have[1:])
+        return _unflatten(key, world, have[1:], candidates)
     if not probe:
         return auto.Calibration.defaults(key, world)
     start = time.perf_counter()
-    mine = measure(cross_ops, repeats)
-    agreed = broadcast_from_chief(cross_ops, [mine[f] for f in _FIELDS], first_rank)
-    calibration = auto.Calibration(key, world, *agreed)
+    alpha, beta, gamma, lines = measure(cross_ops, candidates, repeats)
+    mine = auto.Calibration(key, world, alpha, beta, gamma, tuple(lines))
+    agreed = broadcast_from_chief(cross_ops, _flatten(mine, candidates), first_rank)
+    calibration = _unflatten(key, world, agreed, candidates)
     log.info("tfdist_ext: calibrated all-reduce cost model in %.1f s",
              time.perf_counter() - start)
     if cache_path and first_rank == 0:
         write_cache(cache_path, calibration)
     return calibration
+
+
+def _flatten(calibration, candidates):
+    lines = {line[0]: line[1:] for line in calibration.lines}
+    return [calibration.alpha, calibration.beta, calibration.gamma] + [
+        v for name in candidates for v in lines[name]]
+
+
+def _unflatten(key, world, values, candidates):
+    alpha, beta, gamma, rest = values[0], values[1], values[2], values[3:]
+    lines = tuple((name, rest[2 * i], rest[2 * i + 1]) for i, name in enumerate(candidates))
+    return auto.Calibration(key, world, alpha, beta, gamma, lines)
