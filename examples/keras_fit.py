@@ -45,13 +45,21 @@ def build_model(keras):
     ])
 
 
+def _option(text):
+    """A strategy option from the command line: a name or a JSON dict."""
+    return json.loads(text) if text and text.lstrip().startswith("{") else text
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=128,
                         help="global batch size, split across replicas (default 128)")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    parser.add_argument("--allreduce", default="native")
+    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
+                        help="adam, or SGD with momentum 0.9 (lr x10)")
+    parser.add_argument("--allreduce", default="native",
+                        help='a name or a JSON dict, e.g. \'{"name": "topk", "ratio": 0.01}\'')
     parser.add_argument("--compression", default="none")
     parser.add_argument("--sync", default="sync")
     parser.add_argument("--bucketing", default=None)
@@ -70,15 +78,18 @@ def main(argv=None):
 
     import tfdist_ext  # pylint: disable=import-outside-toplevel
 
-    strategy = tfdist_ext.Strategy(allreduce=args.allreduce, compression=args.compression,
-                                   sync=args.sync, bucketing=args.bucketing,
+    strategy = tfdist_ext.Strategy(allreduce=_option(args.allreduce),
+                                   compression=_option(args.compression),
+                                   sync=_option(args.sync), bucketing=_option(args.bucketing),
                                    num_replicas=args.num_replicas)
     worker = strategy.cluster.task_index if strategy.cluster else 0
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_mnist1d()
     with strategy.scope():
         model = build_model(keras)
-        model.compile(optimizer=keras.optimizers.Adam(args.lr),
+        optimizer = (keras.optimizers.Adam(args.lr) if args.optimizer == "adam"
+                     else keras.optimizers.SGD(10 * args.lr, momentum=0.9))
+        model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     start = time.perf_counter()
