@@ -1,4 +1,4 @@
-// Kernels: TfdistQsgdEncode/Decode, TfdistTerngradEncode/Decode,
+// Kernels: TfdistQsgdEncode/Decode (bucketed: one norm per bucket_size elements), TfdistTerngradEncode/Decode,
 // TfdistSignEncode/Decode, TfdistInt8Encode/Decode, TfdistPackBits/UnpackBits.
 //
 // Every encoder is one reduction pass (norm, max, mean or min/max, per block of a
@@ -109,6 +109,29 @@ inline U4 LoadU4(const float* p) {
   return v;
 }
 
+// Sum of x_i^2 (kSquare) or |x_i| over x[begin, end), in float64, serially: four
+// two-lane accumulators, then the scalar tail; a fixed order, so deterministic.
+template <bool kSquare>
+double SumRange(const float* x, int64_t begin, int64_t end) {
+  D2 acc[4] = {};
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    for (int j = 0; j < 4; ++j) {
+      F2 f;
+      std::memcpy(&f, x + i + 2 * j, sizeof(f));
+      const D2 d = __builtin_convertvector(f, D2);
+      acc[j] += kSquare ? d * d : (d < 0 ? -d : d);
+    }
+  }
+  const D2 lanes = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  double total = lanes[0] + lanes[1];
+  for (; i < end; ++i) {
+    const double d = x[i];
+    total += kSquare ? d * d : std::fabs(d);
+  }
+  return total;
+}
+
 // Sum of x_i^2 (kSquare) or |x_i| over x, in float64; deterministic: fixed blocks,
 // lanes and block partials added in a fixed order.
 template <bool kSquare>
@@ -116,24 +139,7 @@ double SumOf(OpKernelContext* ctx, const float* x, int64_t n) {
   const int64_t blocks = NumBlocks(n, kStreamBlock);
   std::vector<double> partial(blocks, 0.0);
   ParallelBlocks(ctx, blocks, [&](int64_t b) {
-    const int64_t begin = BlockBegin(b, blocks, n), end = BlockBegin(b + 1, blocks, n);
-    D2 acc[4] = {};
-    int64_t i = begin;
-    for (; i + 8 <= end; i += 8) {
-      for (int j = 0; j < 4; ++j) {
-        F2 f;
-        std::memcpy(&f, x + i + 2 * j, sizeof(f));
-        const D2 d = __builtin_convertvector(f, D2);
-        acc[j] += kSquare ? d * d : (d < 0 ? -d : d);
-      }
-    }
-    const D2 lanes = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    double total = lanes[0] + lanes[1];
-    for (; i < end; ++i) {
-      const double d = x[i];
-      total += kSquare ? d * d : std::fabs(d);
-    }
-    partial[b] = total;
+    partial[b] = SumRange<kSquare>(x, BlockBegin(b, blocks, n), BlockBegin(b + 1, blocks, n));
   });
   double total = 0.0;
   for (double p : partial) total += p;
@@ -173,14 +179,51 @@ void QsgdValues(const uint16_t* __restrict codes, int64_t count, float unit,
   }
 }
 
+// Number of buckets (norms) for n elements: one when bucket_size is 0 or >= n
+// (also for n == 0), else ceil(n / bucket_size). Must match quantize_ops.cc.
+int64_t QsgdNumBuckets(int64_t n, int64_t bucket_size) {
+  if (bucket_size <= 0 || n <= bucket_size) return 1;
+  return (n + bucket_size - 1) / bucket_size;
+}
+
+// Calls fn(bucket, sub_begin, sub_count) for the maximal runs of [begin, begin +
+// count) that lie in one bucket of `bucket` elements (0: one bucket).
+template <typename Fn>
+inline void ForBucketRuns(int64_t begin, int64_t count, int64_t bucket, const Fn& fn) {
+  const int64_t end = begin + count;
+  if (bucket <= 0) {
+    fn(int64_t{0}, begin, count);
+    return;
+  }
+  for (int64_t s = begin; s < end;) {
+    const int64_t k = s / bucket;
+    const int64_t e = std::min(end, (k + 1) * bucket);
+    fn(k, s, e - s);
+    s = e;
+  }
+}
+
+absl::Status CheckLevels(const char* op, int levels) {
+  if (levels >= 1 && levels <= kMaxQsgdLevels) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": attr `levels` must be in [1, ",
+                                                 kMaxQsgdLevels, "]; received levels=",
+                                                 levels, "."));
+}
+
+absl::Status CheckBucketSize(const char* op, int bucket_size) {
+  if (bucket_size >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": attr `bucket_size` must be >= 0 (0 means one bucket); received bucket_size=",
+      bucket_size, "."));
+}
+
 class QsgdEncodeOp : public OpKernel {
  public:
   explicit QsgdEncodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("levels", &levels_));
-    OP_REQUIRES(ctx, levels_ >= 1 && levels_ <= kMaxQsgdLevels,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "TfdistQsgdEncode: attr `levels` must be in [1, ", kMaxQsgdLevels,
-                    "]; received levels=", levels_, ".")));
+    OP_REQUIRES_OK(ctx, CheckLevels("TfdistQsgdEncode", levels_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_size", &bucket_size_));
+    OP_REQUIRES_OK(ctx, CheckBucketSize("TfdistQsgdEncode", bucket_size_));
     bits_ = QsgdBits(levels_);
   }
 
@@ -191,30 +234,60 @@ class QsgdEncodeOp : public OpKernel {
     const int64_t n = x_t.NumElements();
     const float* x = x_t.flat<float>().data();
     const Uniform24Stream uniform(ctx->input(1).scalar<int64_t>()(), Stream::kQsgd);
+    const int64_t num_buckets = QsgdNumBuckets(n, bucket_size_);
+    // 0 when there is one bucket: then every element uses norms[0].
+    const int64_t bucket = num_buckets == 1 ? 0 : bucket_size_;
 
-    const float norm = static_cast<float>(std::sqrt(SumOf<true>(ctx, x, n)));
-    Tensor* norm_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &norm_t));
-    norm_t->scalar<float>()() = norm;
+    Tensor* norms_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_buckets}), &norms_t));
+    float* norms = norms_t->flat<float>().data();
     Tensor* packed_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({PackedBytes(n, bits_)}),
                                              &packed_t));
     uint8_t* packed = packed_t->flat<uint8_t>().data();
-    if (!(norm > 0.0f) || !std::isfinite(norm)) {
+
+    // Pass 1: the norm of each bucket (one bucket: blocked over the whole vector;
+    // several: blocks of whole buckets, each bucket summed serially).
+    if (bucket == 0) {
+      norms[0] = static_cast<float>(std::sqrt(SumOf<true>(ctx, x, n)));
+    } else {
+      const int64_t blocks =
+          NumBlocks(num_buckets, std::max<int64_t>(1, kStreamBlock / bucket));
+      ParallelBlocks(ctx, blocks, [&](int64_t b) {
+        const int64_t last = BlockBegin(b + 1, blocks, num_buckets);
+        for (int64_t k = BlockBegin(b, blocks, num_buckets); k < last; ++k) {
+          norms[k] = static_cast<float>(
+              std::sqrt(SumRange<true>(x, k * bucket, std::min(n, (k + 1) * bucket))));
+        }
+      });
+    }
+    if (bucket == 0 && (!(norms[0] > 0.0f) || !std::isfinite(norms[0]))) {
       // Zero vector: every level is 0. Non-finite: the norm carries it to decode.
       std::memset(packed, 0, packed_t->NumElements());
       return;
     }
-    const float scale = static_cast<float>(levels_ / static_cast<double>(norm));
+
+    // Pass 2: codes, chunk by chunk (chunks start at multiples of 8 codes and are
+    // split where a bucket ends; each run uses its bucket's levels / norm).
+    const int32_t levels = levels_;
     DispatchBits(bits_, [&](auto bits_tag) {
       constexpr int kBits = decltype(bits_tag)::value;
       ForChunks(ctx, n, [&](int64_t begin, int64_t count) {
         uint16_t codes[kChunk];
-        if (std::isfinite(scale)) {
-          QsgdCodes<false>(x + begin, begin, count, norm, scale, levels_, uniform, codes);
-        } else {
-          QsgdCodes<true>(x + begin, begin, count, norm, scale, levels_, uniform, codes);
-        }
+        ForBucketRuns(begin, count, bucket, [&](int64_t k, int64_t s, int64_t m) {
+          const float norm = norms[k];
+          uint16_t* out = codes + (s - begin);
+          if (!(norm > 0.0f) || !std::isfinite(norm)) {
+            std::memset(out, 0, m * sizeof(uint16_t));  // zero or non-finite bucket
+            return;
+          }
+          const float scale = static_cast<float>(levels / static_cast<double>(norm));
+          if (std::isfinite(scale)) {
+            QsgdCodes<false>(x + s, s, m, norm, scale, levels, uniform, out);
+          } else {
+            QsgdCodes<true>(x + s, s, m, norm, scale, levels, uniform, out);
+          }
+        });
         PackCodes<kBits>(codes, count, packed + begin / 8 * kBits);
       });
     });
@@ -222,6 +295,7 @@ class QsgdEncodeOp : public OpKernel {
 
  private:
   int levels_;
+  int bucket_size_;
   int bits_;
 };
 
@@ -229,18 +303,27 @@ class QsgdDecodeOp : public OpKernel {
  public:
   explicit QsgdDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("levels", &levels_));
-    OP_REQUIRES(ctx, levels_ >= 1 && levels_ <= kMaxQsgdLevels,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "TfdistQsgdDecode: attr `levels` must be in [1, ", kMaxQsgdLevels,
-                    "]; received levels=", levels_, ".")));
+    OP_REQUIRES_OK(ctx, CheckLevels("TfdistQsgdDecode", levels_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_size", &bucket_size_));
+    OP_REQUIRES_OK(ctx, CheckBucketSize("TfdistQsgdDecode", bucket_size_));
     bits_ = QsgdBits(levels_);
   }
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, RequireScalar(ctx->input(0), "TfdistQsgdDecode", "norm"));
+    const Tensor& norms_t = ctx->input(0);
+    OP_REQUIRES_OK(ctx, RequireVector(norms_t, "TfdistQsgdDecode", "norms"));
     int64_t n;
     OP_REQUIRES_OK(ctx, ReadDecodeArgs(ctx, "TfdistQsgdDecode", 1, 2, bits_, &n));
-    const float unit = ctx->input(0).scalar<float>()() / static_cast<float>(levels_);
+    const int64_t num_buckets = QsgdNumBuckets(n, bucket_size_);
+    OP_REQUIRES(ctx, norms_t.NumElements() == num_buckets,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "TfdistQsgdDecode: `norms` has ", norms_t.NumElements(),
+                    " elements but n=", n, " with bucket_size=", bucket_size_, " needs ",
+                    num_buckets, " (one norm per bucket). Pass the n and bucket_size "
+                    "used to encode.")));
+    const int64_t bucket = num_buckets == 1 ? 0 : bucket_size_;
+    const float* norms = norms_t.flat<float>().data();
+    const float flevels = static_cast<float>(levels_);
     const uint8_t* packed = ctx->input(1).flat<uint8_t>().data();
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out_t));
@@ -250,13 +333,16 @@ class QsgdDecodeOp : public OpKernel {
       ForChunks(ctx, n, [&](int64_t begin, int64_t count) {
         uint16_t codes[kChunk];
         UnpackCodes<kBits>(packed + begin / 8 * kBits, count, codes);
-        QsgdValues(codes, count, unit, out + begin);
+        ForBucketRuns(begin, count, bucket, [&](int64_t k, int64_t s, int64_t m) {
+          QsgdValues(codes + (s - begin), m, norms[k] / flevels, out + s);
+        });
       });
     });
   }
 
  private:
   int levels_;
+  int bucket_size_;
   int bits_;
 };
 

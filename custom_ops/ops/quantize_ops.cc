@@ -24,6 +24,13 @@ int QsgdBits(int levels) {
   return bits + 1;
 }
 
+// Number of QSGD buckets (norms) for n elements in buckets of `bucket_size`: one
+// when bucket_size is 0 or >= n (also for n == 0), else ceil(n / bucket_size).
+int64_t QsgdNumBuckets(int64_t n, int64_t bucket_size) {
+  if (bucket_size <= 0 || n <= bucket_size) return 1;
+  return (n + bucket_size - 1) / bucket_size;
+}
+
 // Outputs `num_scalars` scalars then a vector of ceil(n * bits / 8) bytes, for a
 // vector input 0 of n elements.
 absl::Status EncodeShape(InferenceContext* c, int num_scalars, int bits) {
@@ -64,48 +71,78 @@ REGISTER_OP("TfdistQsgdEncode")
     .Input("x: float")
     .Input("seed: int64")
     .Attr("levels: int >= 1")
-    .Output("norm: float")
+    .Attr("bucket_size: int >= 0 = 0")
+    .Output("norms: float")
     .Output("packed: uint8")
     .SetShapeFn([](InferenceContext* c) {
-      int levels;
+      int levels, bucket_size;
       TF_RETURN_IF_ERROR(c->GetAttr("levels", &levels));
+      TF_RETURN_IF_ERROR(c->GetAttr("bucket_size", &bucket_size));
       if (levels > 32767) {
         return absl::InvalidArgumentError(absl::StrCat(
             "TfdistQsgdEncode: attr `levels` must be in [1, 32767]; received ", levels));
       }
-      return EncodeShape(c, 1, QsgdBits(levels));
+      if (bucket_size < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TfdistQsgdEncode: attr `bucket_size` must be >= 0; received ", bucket_size));
+      }
+      TF_RETURN_IF_ERROR(EncodeShape(c, 1, QsgdBits(levels)));
+      DimensionHandle n = c->Dim(c->input(0), 0);
+      c->set_output(0, c->ValueKnown(n)
+                           ? c->Vector(QsgdNumBuckets(c->Value(n), bucket_size))
+                           : c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
     })
     .Doc(R"doc(
-QSGD quantization (Alistarh et al. 2017): unbiased stochastic rounding to s levels.
+QSGD quantization (Alistarh et al. 2017): unbiased stochastic rounding to s levels,
+in buckets of `bucket_size` consecutive elements, each with its own L2 norm.
 
-With s = levels, each |x_i| / ||x||_2 * s is rounded to floor or ceil at random,
-up with probability equal to its fractional part, giving an integer level l_i in
-[0, s]. Code = (l_i << 1) | sign_i (sign 1 for negative), ceil(log2(s + 1)) + 1
-bits per element, bit packed. Decoding gives norm / s * l_i * sign_i, whose
-expectation is x_i. Non-finite inputs give a non-finite norm, so the decoded
-tensor is non-finite too (loss-scaling checks still see it).
+With s = levels and bucket k = elements [k*d, (k+1)*d) (d = bucket_size), each
+|x_i| / ||x_bucket(i)||_2 * s is rounded to floor or ceil at random, up with
+probability equal to its fractional part, giving an integer level l_i in [0, s].
+Code = (l_i << 1) | sign_i (sign 1 for negative), ceil(log2(s + 1)) + 1 bits per
+element, bit packed (the layout does not depend on d). Decoding gives
+norm_bucket(i) / s * l_i * sign_i, whose expectation is x_i. A bucket holding a
+non-finite value gets a non-finite norm, so that bucket decodes non-finite too
+(loss-scaling checks still see it).
 
 x: 1-D float32 tensor of n elements.
-seed: scalar; the same seed gives the same codes.
+seed: scalar; the same seed gives the same codes (for any bucket_size, element i
+  draws the same uniform number).
 levels: number of quantization levels s, in [1, 32767].
-norm: ||x||_2 (accumulated in float64).
+bucket_size: elements per bucket d; 0 (or d >= n) means one bucket (one norm for
+  the whole vector).
+norms: [num_buckets] float32, the L2 norm of each bucket (accumulated in
+  float64); num_buckets = 1 if d == 0 or n <= d, else ceil(n / d).
 packed: ceil(n * bits / 8) bytes.
 )doc");
 
 REGISTER_OP("TfdistQsgdDecode")
-    .Input("norm: float")
+    .Input("norms: float")
     .Input("packed: uint8")
     .Input("n: int32")
     .Attr("levels: int >= 1")
+    .Attr("bucket_size: int >= 0 = 0")
     .Output("x_hat: float")
-    .SetShapeFn([](InferenceContext* c) { return DecodeShape(c, 1); })
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle norms, packed, n_shape;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &norms));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &packed));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &n_shape));
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &n));
+      c->set_output(0, c->Vector(n));
+      return absl::OkStatus();
+    })
     .Doc(R"doc(
-Decodes TfdistQsgdEncode's payload: x_hat_i = norm / levels * l_i * sign_i.
+Decodes TfdistQsgdEncode's payload: x_hat_i = norms[i / bucket_size] / levels *
+l_i * sign_i.
 
-norm: scalar from the encoder.
+norms: [num_buckets] from the encoder.
 packed: ceil(n * bits / 8) bytes from the encoder.
 n: number of elements encoded.
 levels: the encoder's levels.
+bucket_size: the encoder's bucket_size.
 x_hat: unbiased estimate of x.
 )doc");
 

@@ -25,7 +25,8 @@ NAMES = ["bf16", "fp16", "int8", "none", "qsgd", "randomk", "sign", "terngrad", 
          "topk_approx"]
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 ALL = [compression.get(name) for name in NAMES] + [TopK(ratio=0.2), RandomK(ratio=0.3),
-                                                   QSGD(levels=1), QSGD(levels=1000)]
+                                                   QSGD(levels=1), QSGD(levels=1000),
+                                                   QSGD(bucket_size=64), QSGD(bucket_size=0)]
 WORLD = 3
 DRAWS = 200  # encodings averaged in the unbiasedness tests
 
@@ -49,6 +50,7 @@ def test_registered_names_and_lookups():
     assert compression.COMPRESSORS.names() == NAMES
     assert compression.get("topk") == TopK()
     assert compression.get({"name": "qsgd", "levels": 3}) == QSGD(levels=3)
+    assert compression.get({"name": "qsgd", "bucket_size": 128}) == QSGD(bucket_size=128)
     assert compression.get(None) == NoCompression()
     instance = TopKApprox(ratio=0.1, sample_fraction=0.5)
     assert compression.get(instance) is instance
@@ -70,6 +72,7 @@ def test_defaults_and_flags():
     assert TopKApprox().sample_fraction == 0.01 and TopKApprox().error_feedback
     assert RandomK().error_feedback and RandomK().shared_seed and RandomK().reducible
     assert QSGD().levels == 7 and not QSGD().error_feedback and QSGD().bits == 4
+    assert QSGD().bucket_size == 512
     assert Sign().error_feedback and not TernGrad().error_feedback
     assert not Int8().error_feedback
     for c in (NoCompression(), FP16(), BF16()):
@@ -94,6 +97,10 @@ def test_defaults_and_flags():
      r"Argument `levels` of QSGD must be an integer in \[1, 32767\]; received 0\."),
     (QSGD, {"levels": 40000}, r"`levels` of QSGD must be an integer in \[1, 32767\]"),
     (QSGD, {"levels": 2.5}, r"`levels` of QSGD must be an integer in \[1, 32767\]; received 2\.5"),
+    (QSGD, {"bucket_size": -1},
+     r"Argument `bucket_size` of QSGD must be an integer in \[0, 2147483647\]; received -1\."),
+    (QSGD, {"bucket_size": 2.5}, r"Argument `bucket_size` of QSGD must be an integer in "),
+    (QSGD, {"bucket_size": True}, r"Argument `bucket_size` of QSGD must be an integer in "),
     (TopK, {"warmup_steps": -1},
      r"Argument `warmup_steps` of TopK must be an integer >= 0; received -1\."),
     (Sign, {"warmup_steps": 1.0}, r"Argument `warmup_steps` of Sign must be an integer >= 0"),
@@ -143,11 +150,19 @@ def test_payload_bytes_for_a_million_float32():
     n, f32 = 1_000_000, tf.float32
     expected = {"none": 4_000_000, "fp16": 2_000_000, "bf16": 2_000_000,
                 "topk": 80_000, "topk_approx": 80_000, "randomk": 40_000,
-                "qsgd": 4 + 500_000, "terngrad": 4 + 250_000, "sign": 4 + 125_000,
+                "qsgd": 4 * 1954 + 500_000, "terngrad": 4 + 250_000, "sign": 4 + 125_000,
                 "int8": 8 + 1_000_000}
     assert {name: compression.get(name).payload_bytes(n, f32) for name in NAMES} == expected
-    assert QSGD(levels=1).payload_bytes(n, f32) == 4 + 250_000
-    assert QSGD(levels=127).payload_bytes(n, f32) == 4 + 1_000_000
+    assert QSGD(levels=1).payload_bytes(n, f32) == 4 * 1954 + 250_000
+    assert QSGD(levels=127).payload_bytes(n, f32) == 4 * 1954 + 1_000_000
+    assert QSGD(bucket_size=128).payload_bytes(n, f32) == 4 * 7813 + 500_000
+    assert QSGD(bucket_size=0).payload_bytes(n, f32) == 4 + 500_000
+    assert QSGD(bucket_size=n).payload_bytes(n, f32) == 4 + 500_000
+    assert QSGD(bucket_size=n - 1).payload_bytes(n, f32) == 8 + 500_000
+    assert QSGD().payload_bytes(512, f32) == 4 + 256
+    assert QSGD().payload_bytes(513, f32) == 8 + 257
+    assert QSGD().payload_bytes(0, f32) == 4
+    assert [s.shape for s in QSGD().payload_spec(1025, f32)] == [[3], [513]]
     assert TopK().payload_bytes(n, tf.float16) == 60_000
     assert TopK(ratio=1e-9).payload_bytes(n, f32) == 8  # at least one element
 
@@ -269,6 +284,20 @@ def test_stochastic_quantizers_depend_on_the_seed():
     for c in (QSGD(), TernGrad()):
         a, b, a2 = (c.compress(x, s)[1].numpy() for s in (1, 2, 1))
         assert np.array_equal(a, a2) and not np.array_equal(a, b)
+
+
+def test_qsgd_quantizes_each_bucket_against_its_own_norm():
+    n, c = 1000, QSGD(bucket_size=100)
+    x = gradient(n, 9, tf.float64).numpy()
+    x[500:600] *= 1e-3
+    norms, packed = c.compress(x, 3)
+    want = [np.linalg.norm(x[k * 100:(k + 1) * 100]) for k in range(10)]
+    np.testing.assert_allclose(norms.numpy(), want, rtol=1e-6)
+    unit = np.repeat(want, 100) / c.levels
+    once = c.decompress((norms, packed), n, tf.float64).numpy()
+    np.testing.assert_allclose(once / unit, np.round(once / unit), atol=1e-4)
+    bound = 6 * unit / 2 / np.sqrt(DRAWS) + 1e-6 * unit
+    assert np.all(np.abs(mean_of_draws(c, x, n) - x) <= bound)
 
 
 # ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ and works eagerly and inside `tf.function`.
         random_k       k positions from (seed, n, k) only   same on every worker
         sparse_to_dense  sums gathered (values, indices) payloads
     quantizers   -> (scale(s), packed uint8 payload); decode(...) -> float [n]
-        qsgd      s levels, ceil(log2(s+1))+1 bits    unbiased
+        qsgd      s levels, ceil(log2(s+1))+1 bits    unbiased; a norm per bucket
         terngrad  {-1, 0, +1} * max|x|, 2 bits        unbiased
         sign      {-1, +1} * mean|x|, 1 bit           biased: use error feedback
         int8      min-max, 8 bits                     |error| <= (max-min)/510
@@ -121,6 +121,15 @@ def _levels(levels):
     return int(levels)
 
 
+def _bucket_size(bucket_size):
+    if not _is_int(bucket_size) or not 0 <= bucket_size <= _MAX_ELEMENTS:
+        raise ValueError(f"Argument `bucket_size` must be an integer >= 0; received "
+                         f"bucket_size={bucket_size!r}. QSGD normalises each bucket of "
+                         f"bucket_size consecutive values by its own norm (0 means one "
+                         f"bucket for the whole tensor; the paper uses 512).")
+    return int(bucket_size)
+
+
 def _bits(bits):
     if not _is_int(bits) or not 1 <= bits <= 8:
         raise ValueError(f"Argument `bits` must be an integer in [1, 8]; received "
@@ -173,6 +182,15 @@ def k_for_ratio(n, ratio):
 def qsgd_bits(levels):
     """Bits per element of a QSGD payload: ceil(log2(levels + 1)) + 1 (sign)."""
     return int(_levels(levels)).bit_length() + 1
+
+
+def qsgd_num_buckets(n, bucket_size):
+    """Number of QSGD norms for n elements: 1 if bucket_size == 0 or n <= bucket_size,
+    else ceil(n / bucket_size)."""
+    bucket_size = _bucket_size(bucket_size)
+    if bucket_size == 0 or n <= bucket_size:
+        return 1
+    return -(-n // bucket_size)
 
 
 def packed_size(n, bits):
@@ -313,48 +331,69 @@ def sparse_to_dense(values, indices, n):
 # ----------------------------------------------------------------------------
 # Quantization.
 
-def qsgd_encode(x, levels, seed):
-    """QSGD: unbiased stochastic quantization to `levels` levels per sign.
+def qsgd_encode(x, levels, seed, bucket_size=512):
+    """QSGD: unbiased stochastic quantization to `levels` levels per sign, per bucket.
 
     Alistarh et al. 2017 ("QSGD: Communication-Efficient SGD via Gradient
-    Quantization and Encoding", NeurIPS). With s = levels, |x_i| / ||x||_2 * s
-    is rounded down or up at random (up with probability equal to its
-    fractional part), so decoding is unbiased: E[x_hat] = x. Each element costs
-    ceil(log2(s + 1)) + 1 bits (`qsgd_bits`): s = 1 -> 2 bits, 7 -> 4, 127 -> 8.
-    The variance grows like min(n / s^2, sqrt(n) / s) * ||x||^2, so quantize
-    per layer (or per bucket of ~1M elements), not the whole model at once.
+    Quantization and Encoding", NeurIPS). The flat input is split into buckets
+    of `bucket_size` consecutive elements, each with its own L2 norm; with
+    s = levels, |x_i| / ||bucket(x_i)||_2 * s is rounded down or up at random
+    (up with probability equal to its fractional part), so decoding is
+    unbiased: E[x_hat] = x. Each element costs ceil(log2(s + 1)) + 1 bits
+    (`qsgd_bits`): s = 1 -> 2 bits, 7 -> 4, 127 -> 8, plus 32 bits per bucket.
+    The variance grows like min(d / s^2, sqrt(d) / s) * ||x||^2 for buckets of
+    d elements, so small buckets (the paper uses d = 512) keep it low; one
+    norm for a large vector (bucket_size=0) rounds nearly everything to 0 or 1.
 
     Args:
         x: floating-point tensor of any shape, flattened.
         levels: int s in [1, 32767].
         seed: int or integer scalar tensor; the same seed gives the same codes.
+        bucket_size: int d >= 0, elements per bucket; 0 (or d >= n) means one
+            bucket for the whole tensor. Defaults to 512.
 
     Returns:
-        (norm, packed): float32 scalar ||x||_2 and uint8 [ceil(n * bits / 8)].
-        A non-finite `x` gives a non-finite norm (and a NaN decode).
+        (norms, packed): float32 [qsgd_num_buckets(n, bucket_size)] bucket norms
+        and uint8 [ceil(n * bits / 8)] codes (layout independent of d). A
+        bucket holding a non-finite value gets a non-finite norm (and decodes
+        to NaN).
     """
     levels = _levels(levels)
+    bucket_size = _bucket_size(bucket_size)
     _, flat32, _ = _flat_float(x)
-    return _loader.load().tfdist_qsgd_encode(flat32, _seed(seed), levels=levels)
+    return _loader.load().tfdist_qsgd_encode(flat32, _seed(seed), levels=levels,
+                                             bucket_size=bucket_size)
 
 
-def qsgd_decode(norm, packed, n, levels, dtype=tf.float32):
-    """Decodes `qsgd_encode`'s payload: x_hat_i = norm / levels * level_i * sign_i.
+def qsgd_decode(norms, packed, n, levels, bucket_size=512, dtype=tf.float32):
+    """Decodes `qsgd_encode`'s payload: x_hat_i = norms[i // d] / levels * level_i * sign_i.
 
     Args:
-        norm: float32 scalar from the encoder.
+        norms: float32 [num_buckets] from the encoder (a scalar is accepted
+            for one bucket).
         packed: uint8 payload from the encoder.
         n: number of elements encoded (int or integer scalar tensor).
         levels: the encoder's `levels`.
+        bucket_size: the encoder's `bucket_size` d. Defaults to 512.
         dtype: float dtype of the result. Defaults to `tf.float32`.
 
     Returns:
         Vector [n]; reshape it to x's shape.
     """
     levels = _levels(levels)
+    bucket_size = _bucket_size(bucket_size)
     dtype = _out_dtype(dtype)
-    out = _loader.load().tfdist_qsgd_decode(tf.cast(norm, tf.float32), _uint8(packed, "packed"),
-                                            _count(n), levels=levels)
+    norms = tf.reshape(tf.cast(norms, tf.float32), [-1])
+    if _is_int(n):
+        _count(n)
+        want = qsgd_num_buckets(n, bucket_size)
+        have = norms.shape.num_elements()
+        if have is not None and have != want:
+            raise ValueError(f"Argument `norms` has {have} elements but n={n} with "
+                             f"bucket_size={bucket_size} needs {want} (one norm per bucket). "
+                             f"Pass the n and bucket_size used to encode.")
+    out = _loader.load().tfdist_qsgd_decode(norms, _uint8(packed, "packed"), _count(n),
+                                            levels=levels, bucket_size=bucket_size)
     return _cast(out, dtype)
 
 
