@@ -36,13 +36,9 @@ per message, so it flatters this algorithm at large p.
             3 ----- 2
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Round,
-    Schedule,
-    build,
+    register_schedule,
     recv,
     send,
     split,
@@ -61,15 +57,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return (tuple(scatter), tuple(gather))
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The all-to-all all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("all_to_all")
-@dataclasses.dataclass(frozen=True)
-class AllToAll:
-    """Registry entry for the all-to-all all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("all_to_all", _rounds, "AllToAll")

@@ -102,10 +102,10 @@ def format_table(calibration: Calibration, rows: List[dict]) -> str:
     """The decision table as text, for the log."""
     names = list(rows[0]["modelled_ms"]) if rows else []
     source = "measured" if calibration.measured else "DEFAULTS (not measured)"
-    lines = [f"allreduce='auto' on {calibration.world_size} replicas, {source}: "
-             f"alpha={calibration.alpha * 1e6:.1f} us/msg, "
-             f"beta={1e-9 / max(calibration.beta, 1e-30):.2f} GB/s, "
-             f"gamma={1e-9 / max(calibration.gamma, 1e-30):.2f} GB/s; modelled ms:",
+    lines = [(f"allreduce='auto' on {calibration.world_size} replicas, {source}: "
+              f"alpha={calibration.alpha * 1e6:.1f} us/msg, "
+              f"beta={1e-9 / max(calibration.beta, 1e-30):.2f} GB/s, "
+              f"gamma={1e-9 / max(calibration.gamma, 1e-30):.2f} GB/s; modelled ms:"),
              "bytes".rjust(10) + "  choice".ljust(20) + "".join(n[:10].rjust(11) for n in names)]
     for row in rows:
         lines.append(f"{row['bytes']:>10}  {row['choice']:<18}" + "".join(

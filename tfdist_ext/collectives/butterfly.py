@@ -22,16 +22,12 @@ ring when the buffer is large.
              2 <-> 3           1 <---> 3
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.fold import fold
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Recv,
     Round,
-    Schedule,
     Send,
-    build,
+    register_schedule,
 )
 
 
@@ -45,15 +41,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return fold(p, rank, n, _core)
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The butterfly all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("butterfly")
-@dataclasses.dataclass(frozen=True)
-class Butterfly:
-    """Registry entry for the butterfly all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("butterfly", _rounds, "Butterfly")

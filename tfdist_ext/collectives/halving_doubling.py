@@ -29,14 +29,10 @@ ring usually wins for large buffers.
     doubling d=2: 0 <-> 2, 1 <-> 3   copy: everyone has [A B C D]
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.fold import fold
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Round,
-    Schedule,
-    build,
+    register_schedule,
     recv,
     send,
     split,
@@ -65,15 +61,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return fold(p, rank, n, _core)
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The halving-doubling all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("halving_doubling")
-@dataclasses.dataclass(frozen=True)
-class HalvingDoubling:
-    """Registry entry for Rabenseifner's all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("halving_doubling", _rounds, "HalvingDoubling")

@@ -19,15 +19,11 @@ as a reference baseline; never for large buffers.
             3 --- 0 --- 4     round 0: all -> 0 (add), round 1: 0 -> all (copy)
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Recv,
     Round,
-    Schedule,
     Send,
-    build,
+    register_schedule,
 )
 
 
@@ -39,15 +35,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return ((Send(0, 0, n),), (Recv(0, 0, n, False),))
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The master-worker all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("master_worker")
-@dataclasses.dataclass(frozen=True)
-class MasterWorker:
-    """Registry entry for the master-worker all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("master_worker", _rounds, "MasterWorker")

@@ -22,13 +22,9 @@ linearly with p, so prefer butterfly or tree for small messages.
                3 <--- 2
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Round,
-    Schedule,
-    build,
+    register_schedule,
     recv,
     send,
     split,
@@ -48,15 +44,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return tuple(rounds)
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The ring all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("ring")
-@dataclasses.dataclass(frozen=True)
-class Ring:
-    """Registry entry for the ring all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("ring", _rounds, "Ring")

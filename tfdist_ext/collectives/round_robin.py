@@ -23,15 +23,11 @@ others against, or for p = 2.
              broadcast:  3 -(=)-> 0 -(=)-> 1 -(=)-> 2
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Recv,
     Round,
-    Schedule,
     Send,
-    build,
+    register_schedule,
 )
 
 
@@ -49,15 +45,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return tuple(rounds)
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The round-robin all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("round_robin")
-@dataclasses.dataclass(frozen=True)
-class RoundRobin:
-    """Registry entry for the round-robin all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("round_robin", _rounds, "RoundRobin")

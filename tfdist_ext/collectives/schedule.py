@@ -124,6 +124,26 @@ def build(world_size: int, rank: int, num_elements: int,
     return Schedule(rank, world_size, num_elements, rounds)
 
 
+def register_schedule(name: str, rounds_fn: RoundsFn, class_name: str) -> ScheduleFn:
+    """Registers the algorithm whose rounds `rounds_fn(p, rank, n)` builds.
+
+    Creates the registry entry (a frozen dataclass named `class_name` with a
+    `schedule` method) and returns the module-level schedule function.
+    """
+
+    def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
+        return build(world_size, rank, num_elements, rounds_fn)
+
+    schedule.__doc__ = f"The {name} all-reduce schedule of `rank`."
+    entry = dataclasses.make_dataclass(
+        class_name, [], frozen=True,
+        namespace={"schedule": lambda self, world_size, rank, num_elements:
+                   schedule(world_size, rank, num_elements),
+                   "__doc__": f"Registry entry for the {name} all-reduce."})
+    ALGORITHMS.register(name)(entry)
+    return schedule
+
+
 def schedule_fn(algorithm) -> ScheduleFn:
     """The schedule function for a registered name, dict, instance or callable."""
     if isinstance(algorithm, (str, dict)):

@@ -26,15 +26,11 @@ win for large buffers.
             3
 """
 
-import dataclasses
-
 from tfdist_ext.collectives.schedule import (
-    ALGORITHMS,
     Recv,
     Round,
-    Schedule,
     Send,
-    build,
+    register_schedule,
 )
 
 
@@ -54,15 +50,4 @@ def _rounds(p: int, rank: int, n: int) -> tuple[Round, ...]:
     return tuple(reduce + broadcast[::-1])
 
 
-def schedule(world_size: int, rank: int, num_elements: int) -> Schedule:
-    """The binomial-tree all-reduce schedule of `rank`."""
-    return build(world_size, rank, num_elements, _rounds)
-
-
-@ALGORITHMS.register("tree")
-@dataclasses.dataclass(frozen=True)
-class Tree:
-    """Registry entry for the binomial-tree all-reduce (see module docstring)."""
-
-    def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
-        return schedule(world_size, rank, num_elements)
+schedule = register_schedule("tree", _rounds, "Tree")
