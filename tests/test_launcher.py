@@ -115,6 +115,16 @@ def test_bad_arguments(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_worker_options_are_left_to_the_worker(capsys):
+    # Prefixes of the launcher's own options (--link, --time, --gr) and even its exact
+    # option names belong to the worker once the command has started.
+    code = cli.main(["-np", "1", sys.executable, "-c", "import sys; print(sys.argv[1:])",
+                     "--link", "x", "--time", "--gr", "--timeout", "5", "-np", "3"])
+    assert code == 0
+    assert "['--link', 'x', '--time', '--gr', '--timeout', '5', '-np', '3']" in \
+        capsys.readouterr().out
+
+
 def test_missing_program_is_reported(capsys):
     assert cli.main(["-np", "2", "/nonexistent/program"]) == 127
     assert "cannot start '/nonexistent/program'" in capsys.readouterr().out

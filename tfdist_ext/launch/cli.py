@@ -72,8 +72,10 @@ def _run_shaped(args, command, launcher) -> int:
 
 
 def build_parser():
+    # allow_abbrev=False: argparse would otherwise match prefixes of our options
+    # inside the worker's own arguments (`train.py --link x` -> "ambiguous option").
     parser = argparse.ArgumentParser(
-        prog="tfdist-run",
+        prog="tfdist-run", allow_abbrev=False,
         description="Run N TensorFlow workers on this machine, each with its TF_CONFIG.",
         epilog="Exit code: the first non-zero worker exit code (128+N if killed by "
                "signal N), 124 on --timeout, 0 when every worker succeeded.")
