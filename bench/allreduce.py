@@ -116,9 +116,16 @@ def summarize(records, args):
             if "native" in rows:
                 r["vs_native"] = r["time_ms_median"] / rows["native"]["time_ms_median"]
         if "auto" in rows:
+            # How good the choice is, from the chosen algorithm's own row (the auto row
+            # re-times the same algorithm, so it differs from that row only by noise).
+            chosen = rows.get(rows["auto"]["choice"])
+            if chosen is not None:
+                rows["auto"]["choice_vs_best"] = chosen["vs_best_fixed"]
             print(f"{size:>10} B: auto -> {rows['auto']['choice']}, "
                   f"{rows['auto']['vs_best_fixed']:.2f}x the best fixed "
-                  f"({best['algorithm']})", flush=True)
+                  f"({best['algorithm']}) as re-timed, "
+                  f"{rows['auto'].get('choice_vs_best', float('nan')):.2f}x by the "
+                  "chosen algorithm's own row", flush=True)
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1))

@@ -158,14 +158,15 @@ def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
     return [t / steps for t in _per_call_seconds(run, repeats)]
 
 
-def measure(cross_ops, candidates, repeats=5):
+def measure(cross_ops, candidates, repeats=7):
     """Runs the probe on every local replica; returns (alpha, beta, gamma, lines)."""
     devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
     lines = []
     with _quiet_retracing():
         for name in candidates:
-            small = float(np.median(time_all_reduce(cross_ops, name, _SMALL, 8, repeats)))
-            large = float(np.median(time_all_reduce(cross_ops, name, _LARGE, 2, repeats)))
+            # The minimum: interference on a shared machine only ever adds time.
+            small = min(time_all_reduce(cross_ops, name, _SMALL, 8, repeats))
+            large = min(time_all_reduce(cross_ops, name, _LARGE, 2, repeats))
             slope = max((large - small) / (4 * (_LARGE - _SMALL)), 1e-13)
             lines.append((name, max(small - slope * 4 * _SMALL, 1e-7), slope))
     gamma = _local_add_seconds(devices[0], _LARGE, 5, repeats) / (4 * _LARGE)
@@ -204,7 +205,7 @@ def broadcast_from_chief(cross_ops, values, first_rank):
 
 
 def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, probe=True,
-              repeats=5) -> auto.Calibration:
+              repeats=7) -> auto.Calibration:
     """The cluster's `Calibration`, identical on every worker.
 
     Args:
@@ -214,7 +215,7 @@ def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, 
         candidates: Algorithm names to probe (sorted; the same on every worker).
         cache_path: JSON cache read and written by the chief; None disables it.
         probe: False skips the probe (cache, else built-in defaults).
-        repeats: Timed repetitions per measurement (median).
+        repeats: Timed repetitions per measurement (the minimum is used).
     """
     world = cross_ops._group_size  # pylint: disable=protected-access
     candidates = tuple(sorted(candidates))
