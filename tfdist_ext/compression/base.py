@@ -28,6 +28,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from tfdist_ext import ops
 from tfdist_ext.registry import Registry
 
 COMPRESSORS = Registry("compression")
@@ -294,6 +295,21 @@ class Compressor:
                 f"the seed given to compress(), e.g. decompress(payload, n, dtype, "
                 f"seed=seed).")
         return as_seed(seed)
+
+
+class RatioCompressor(Compressor):
+    """A compressor that sends k = max(1, round(ratio * n)) of a buffer's n elements.
+
+    Subclasses are dataclasses with a `ratio` field (validated here).
+    """
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ratio(type(self).__name__, "ratio", self.ratio)
+
+    def k(self, num_elements):
+        """Elements sent for a buffer of n: max(1, round(ratio * n)), 0 if n == 0."""
+        return ops.k_for_ratio(num_elements, self.ratio)
 
 
 @COMPRESSORS.register("none")

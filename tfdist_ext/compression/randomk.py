@@ -5,12 +5,12 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor, accumulation_dtype, check_ratio
+from tfdist_ext.compression.base import COMPRESSORS, RatioCompressor, accumulation_dtype
 
 
 @COMPRESSORS.register("randomk")
 @dataclasses.dataclass(frozen=True)
-class RandomK(Compressor):
+class RandomK(RatioCompressor):
     """Sends the values at k random positions that every replica agrees on.
 
     Stich, Cordonnier & Jaggi, "Sparsified SGD with memory" (NeurIPS 2018,
@@ -34,14 +34,6 @@ class RandomK(Compressor):
 
     reducible = True
     shared_seed = True
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_ratio(type(self).__name__, "ratio", self.ratio)
-
-    def k(self, num_elements):
-        """Elements sent for a buffer of n: max(1, round(ratio * n)), 0 if n == 0."""
-        return ops.k_for_ratio(num_elements, self.ratio)
 
     def payload_spec(self, num_elements, dtype):
         return (tf.TensorSpec([self.k(num_elements)], tf.as_dtype(dtype)),)

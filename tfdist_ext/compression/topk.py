@@ -5,10 +5,10 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor, check_ratio
+from tfdist_ext.compression.base import COMPRESSORS, RatioCompressor, check_ratio
 
 
-class SparseCompressor(Compressor):
+class SparseCompressor(RatioCompressor):
     """Payload (values [k] in the buffer's dtype, indices [k] int32), all-gathered.
 
     Subclasses choose the k positions in `_select`. The gathered payloads of
@@ -16,14 +16,6 @@ class SparseCompressor(Compressor):
     """
 
     reducible = False
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_ratio(type(self).__name__, "ratio", self.ratio)
-
-    def k(self, num_elements):
-        """Elements sent for a buffer of n: max(1, round(ratio * n)), 0 if n == 0."""
-        return ops.k_for_ratio(num_elements, self.ratio)
 
     def payload_spec(self, num_elements, dtype):
         k = self.k(num_elements)
