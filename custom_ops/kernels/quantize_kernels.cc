@@ -429,24 +429,31 @@ class TerngradEncodeOp : public OpKernel {
   }
 };
 
+// Decoding a one-scale payload (scale, packed kBits-bit codes, n) -> float [n]:
+// unpack chunk by chunk and let `values(codes, count, scale, out)` map codes.
+template <int kBits, typename ValuesFn>
+void DecodeScaled(OpKernelContext* ctx, const char* op, ValuesFn values) {
+  OP_REQUIRES_OK(ctx, RequireScalar(ctx->input(0), op, "scale"));
+  int64_t n;
+  OP_REQUIRES_OK(ctx, ReadDecodeArgs(ctx, op, 1, 2, kBits, &n));
+  const float scale = ctx->input(0).scalar<float>()();
+  const uint8_t* packed = ctx->input(1).flat<uint8_t>().data();
+  Tensor* out_t = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out_t));
+  float* out = out_t->flat<float>().data();
+  ForChunks(ctx, n, [&](int64_t begin, int64_t count) {
+    uint8_t codes[kChunk];
+    UnpackCodes<kBits>(packed + begin / 8 * kBits, count, codes);
+    values(codes, count, scale, out + begin);
+  });
+}
+
 class TerngradDecodeOp : public OpKernel {
  public:
   explicit TerngradDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, RequireScalar(ctx->input(0), "TfdistTerngradDecode", "scale"));
-    int64_t n;
-    OP_REQUIRES_OK(ctx, ReadDecodeArgs(ctx, "TfdistTerngradDecode", 1, 2, 2, &n));
-    const float scale = ctx->input(0).scalar<float>()();
-    const uint8_t* packed = ctx->input(1).flat<uint8_t>().data();
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out_t));
-    float* out = out_t->flat<float>().data();
-    ForChunks(ctx, n, [&](int64_t begin, int64_t count) {
-      uint8_t codes[kChunk];
-      UnpackCodes<2>(packed + begin / 8 * 2, count, codes);
-      TerngradValues(codes, count, scale, out + begin);
-    });
+    DecodeScaled<2>(ctx, "TfdistTerngradDecode", TerngradValues);
   }
 };
 
@@ -491,19 +498,7 @@ class SignDecodeOp : public OpKernel {
   explicit SignDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, RequireScalar(ctx->input(0), "TfdistSignDecode", "scale"));
-    int64_t n;
-    OP_REQUIRES_OK(ctx, ReadDecodeArgs(ctx, "TfdistSignDecode", 1, 2, 1, &n));
-    const float scale = ctx->input(0).scalar<float>()();
-    const uint8_t* packed = ctx->input(1).flat<uint8_t>().data();
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out_t));
-    float* out = out_t->flat<float>().data();
-    ForChunks(ctx, n, [&](int64_t begin, int64_t count) {
-      uint8_t codes[kChunk];
-      UnpackCodes<1>(packed + begin / 8, count, codes);
-      SignValues(codes, count, scale, out + begin);
-    });
+    DecodeScaled<1>(ctx, "TfdistSignDecode", SignValues);
   }
 };
 
