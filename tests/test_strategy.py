@@ -85,7 +85,9 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native', 'all_to_all', "
      r"'butterfly', 'halving_doubling', 'master_worker', 'ring', 'round_robin', 'tree'"),
     ({"compression": "topkk"}, ValueError, r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
-    ({"sync": "async"}, ValueError, r"Unknown sync 'async'. Valid names: 'sync'"),
+    ({"sync": "async"}, ValueError,
+     r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'local_sgd', "
+     r"'model_averaging', 'stale_synchronous', 'sync'"),
     ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed'"),
     ({"bucketing": "wfbp"}, NotImplementedError, r"the 'wfbp' planner exists"),
     ({"bucketing": {"name": "fixed", "bytes_per_bucket": 0}}, ValueError,

@@ -21,6 +21,8 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import nest
+from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
@@ -37,6 +39,13 @@ init_scope = ops.init_scope
 # TF's fusion rule for CommunicationOptions.bytes_per_pack: packs of at least
 # bytes_per_pack bytes, in order (0: one pack).
 group_by_size = cross_device_utils.group_by_size
+# Keras' TF-backend optimizer and trainer: `tfdist_ext.keras.hooks` wraps
+# `TFOptimizer._backend_update_step` (where Keras all-reduces gradients and
+# applies them), `TensorFlowTrainer.make_train_function` and `.fit` so that a
+# sync policy can replace the per-step all-reduce (TF_NOTES.md section 1).
+TFOptimizer = keras_tf_optimizer.TFOptimizer
+TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
+PerReplica = distribute_values.PerReplica
 
 
 def strategy_init(strategy, extended):

@@ -31,6 +31,7 @@ the per-replica step counter and byte counters of `StrategyState` advance;
 other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
 """
 
+import contextlib
 import copy
 
 import tensorflow as tf
@@ -74,6 +75,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._state = None
         self.calibration = None  # set by the strategy when "auto" is used
         self._gradient_reduction = False
+        self._dense_only = False
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
                              and isinstance(config.compression, NoCompression))
         if not self._native_only:
@@ -109,9 +111,37 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         rank = self.first_rank + replica_id
         return itemsize * cost.elements_sent(algorithm, self._group_size, rank, num_elements)
 
+    @contextlib.contextmanager
+    def dense_reductions(self):
+        """Reductions traced in this context are not gradients (no compression, uncounted).
+
+        Sync policies average parameters through `batch_reduce_to` in this
+        context.
+        """
+        self._dense_only = True
+        try:
+            yield
+        finally:
+            self._dense_only = False
+
+    def reduce_buffers(self, buffers):
+        """Sums flat buffers over all replicas, densely, with the configured algorithms.
+
+        Args:
+            buffers: For each local replica, a list of 1-D tensors (the same
+                lengths and dtypes on every replica and worker).
+
+        Returns:
+            The sums, in the same nesting. Call inside a `tf.function`.
+        """
+        options = self._options
+        return [[self._reduce_buffer(b, r, options) if b.shape.num_elements() else b
+                 for b in replica_buffers]
+                for r, replica_buffers in enumerate(buffers)]
+
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         # The optimizer's gradient all-reduce; see the module docstring.
-        self._gradient_reduction = True
+        self._gradient_reduction = not self._dense_only
         try:
             return super().batch_reduce_implementation(reduce_op, value_destination_pairs,
                                                        options)

@@ -15,6 +15,7 @@ of stock MultiWorkerMirroredStrategy (keras-team/keras#20585): `reduce` on a
 nest of per-replica values, and `reduce(..., axis=0)` on per-replica scalars.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -68,6 +69,7 @@ class StrategyConfig:
                 f"Argument `bucketing`: the {config.bucketing.name!r} planner exists "
                 "(tfdist_ext.bucketing) but the strategy cannot yet launch buckets "
                 "during backprop. Use bucketing=None or FixedSize(bytes) for now.")
+        config.sync.check_compression(config.compression)
         return config
 
     def communication_options(self):
@@ -165,6 +167,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config = config
         self.cluster = spec
+        self._worker_local = False
+        self.sync_runner = config.sync.runner(self)
+        if self.sync_runner is not None:
+            from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+            hooks.install()
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
@@ -211,7 +218,24 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             algorithms would have sent), `reductions` (gradient all-reduces
             issued) and `compression_ratio` (dense / sent).
         """
-        return self.state.stats()
+        stats = self.state.stats()
+        if self.sync_runner is not None:
+            stats.update(self.sync_runner.stats())
+        return stats
+
+    @contextlib.contextmanager
+    def worker_local_reductions(self):
+        """`reduce` traced in this context reduces over this worker's replicas only.
+
+        Used by relaxed sync policies while Keras traces the train function
+        (see `tfdist_ext.sync.runner`), so that logging and end-of-data checks
+        do not synchronise the workers every step.
+        """
+        previous, self._worker_local = self._worker_local, True
+        try:
+            yield
+        finally:
+            self._worker_local = previous
 
     @property
     def collective_key_range(self):
@@ -226,11 +250,28 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         the plain cross-replica reduction, so `axis` is dropped for scalars.
         """
 
+        if self._worker_local and tf.inside_function():
+            return _compat.nest.map_structure(
+                lambda v: self._reduce_on_worker(reduce_op, v, axis), value)
+
         def reduce_one(v):
             leaf_axis = None if axis is None or _rank(v) == 0 else axis
             return super(Strategy, self).reduce(reduce_op, v, leaf_axis)
 
         return _compat.nest.map_structure(reduce_one, value)
+
+
+    def _reduce_on_worker(self, reduce_op, value, axis):
+        if not _compat.is_distributed_value(value):
+            return value  # already this worker's value (e.g. its replicas with data)
+        local = [tf.convert_to_tensor(v) for v in self.experimental_local_results(value)]
+        mean = _compat.ReduceOp(reduce_op) if isinstance(reduce_op, str) else reduce_op
+        mean = mean == _compat.ReduceOp.MEAN
+        if axis is not None and local[0].shape.rank:
+            joined = tf.concat(local, axis)
+            return tf.reduce_mean(joined, axis) if mean else tf.reduce_sum(joined, axis)
+        total = tf.add_n(local)
+        return total / len(local) if mean else total
 
 
 def _rank(value):

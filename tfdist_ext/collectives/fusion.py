@@ -42,3 +42,33 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0):
             for t, piece in zip(pack, pieces):
                 results[next(order)] = tf.reshape(piece, t.shape)
     return results
+
+
+def flatten_by_dtype(tensors):
+    """Concatenates dense tensors into one flat buffer per dtype.
+
+    Args:
+        tensors: Dense tensors with static shapes.
+
+    Returns:
+        ``(buffers, restore)``: the flat buffers, in order of each dtype's first
+        appearance, and ``restore(buffers)`` which splits buffers of the same
+        lengths and dtypes back into tensors of the original shapes and order.
+    """
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    groups = list(by_dtype.values())
+    buffers = [tf.concat([tf.reshape(tensors[i], [-1]) for i in group], 0)
+               for group in groups]
+    shapes = [t.shape for t in tensors]
+
+    def restore(flat_buffers):
+        results = [None] * len(shapes)
+        for group, flat in zip(groups, flat_buffers):
+            sizes = [shapes[i].num_elements() for i in group]
+            for i, piece in zip(group, tf.split(flat, sizes)):
+                results[i] = tf.reshape(piece, shapes[i])
+        return results
+
+    return buffers, restore

@@ -1,7 +1,14 @@
-"""Sync policies decide when replicas communicate and how results are applied."""
+"""Sync policies decide when replicas communicate and how results are applied.
+
+A policy is a frozen dataclass (the configuration, validated where it enters);
+`SyncPolicy.runner(strategy)` builds the object that does the work inside
+`model.fit` (`tfdist_ext.sync.runner.PolicyRunner`). `Synchronous` has no
+runner: Keras' own all-reduce-then-apply path is synchronous SGD.
+"""
 
 import dataclasses
 
+from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import Registry
 
 SYNC_POLICIES = Registry("sync")
@@ -10,11 +17,38 @@ SYNC_POLICIES = Registry("sync")
 class SyncPolicy:
     """Base class of all synchronization policies (frozen dataclasses)."""
 
+    name = "sync"
+    #: What the policy sends between replicas, for error messages.
+    communicates = "gradients every step"
+
+    def check_compression(self, compressor) -> None:
+        """Raises ValueError when `compressor` cannot work with this policy.
+
+        Gradient compressors (and their error-feedback residuals) apply to the
+        per-step gradient all-reduce of synchronous SGD; the other policies
+        send parameters, or reduce gradients outside that path, uncompressed.
+        """
+        if not isinstance(compressor, NoCompression):
+            raise ValueError(
+                f"Arguments `sync` and `compression` conflict: sync={self.name!r} "
+                f"communicates {self.communicates}, which compression="
+                f"{compressor.name!r} does not apply to (it compresses the per-step "
+                "gradient all-reduce of synchronous SGD). Use compression='none' with "
+                f"sync={self.name!r}, or sync='sync' with compression={compressor.name!r}.")
+
+    def runner(self, strategy):
+        """The object that applies this policy in `strategy`'s train steps (None: Keras' own)."""
+        del strategy
+        return None
+
 
 @SYNC_POLICIES.register("sync")
 @dataclasses.dataclass(frozen=True)
 class Synchronous(SyncPolicy):
     """Synchronous SGD: every step all-reduces the gradients (the default)."""
+
+    def check_compression(self, compressor) -> None:
+        del compressor  # every compressor is built for this policy
 
 
 def get(identifier):

@@ -1,0 +1,98 @@
+"""Numpy implementations of the sync policies' update rules, written from the papers.
+
+All on the least-squares loss of a bias-free linear model: replica i's loss on
+rows X_i is mean((X_i w - y_i)^2), gradient 2 X_i^T (X_i w - y_i) / |X_i|.
+`rows(t, i)` gives the rows replica i trains on at step t.
+"""
+
+import numpy as np
+
+
+def gradient(w, x, y):
+    return 2.0 * x.T @ (x @ w - y) / len(x)
+
+
+def synchronous(w0, rows, steps, num, lr):
+    w = w0.copy()
+    for t in range(steps):
+        w = w - lr * np.mean([gradient(w, *rows(t, i)) for i in range(num)], axis=0)
+    return [w.copy() for _ in range(num)]
+
+
+def local_sgd(w0, rows, steps, num, lr, period, warmup=0):
+    """Per-replica weights after each step (list over steps of lists over replicas)."""
+    ws = [w0.copy() for _ in range(num)]
+    history = []
+    for t in range(steps):
+        grads = [gradient(ws[i], *rows(t, i)) for i in range(num)]
+        if t < warmup:
+            mean = np.mean(grads, axis=0)
+            ws = [w - lr * mean for w in ws]
+        else:
+            ws = [w - lr * g for w, g in zip(ws, grads)]
+            if (t + 1) % period == 0:
+                avg = np.mean(ws, axis=0)
+                ws = [avg.copy() for _ in range(num)]
+        history.append([w.copy() for w in ws])
+    return history
+
+
+def delayed_averaging(w0, rows, steps, num, lr, delay):
+    """Zhu et al. 2021: w_i -= lr (g_i(t) - g_i(t-D) + mean_j g_j(t-D)); then the drain.
+
+    Returns (history of per-replica weights, drained weights).
+    """
+    ws = [w0.copy() for _ in range(num)]
+    grads, history = [], []
+    for t in range(steps):
+        grads.append([gradient(ws[i], *rows(t, i)) for i in range(num)])
+        for i in range(num):
+            step = grads[t][i]
+            if t >= delay:
+                old = grads[t - delay]
+                step = step - old[i] + np.mean(old, axis=0)
+            ws[i] = ws[i] - lr * step
+        history.append([w.copy() for w in ws])
+    for t in range(max(0, steps - delay), steps):  # drain: own -> average
+        for i in range(num):
+            ws[i] = ws[i] + lr * (grads[t][i] - np.mean(grads[t], axis=0))
+    return history, np.mean(ws, axis=0)
+
+
+def stale_synchronous(w0, rows, steps, num, lr, staleness):
+    """SSP: own gradient at once, the others' of step t at step t + s (1/N each)."""
+    ws = [w0.copy() for _ in range(num)]
+    grads, history = [], []
+    for t in range(steps):
+        grads.append([gradient(ws[i], *rows(t, i)) for i in range(num)])
+        for i in range(num):
+            update = grads[t][i]
+            if t >= staleness:
+                old = grads[t - staleness]
+                update = update + sum(old[j] for j in range(num) if j != i)
+            ws[i] = ws[i] - lr / num * update
+        history.append([w.copy() for w in ws])
+    for t in range(max(0, steps - staleness), steps):
+        for i in range(num):
+            ws[i] = ws[i] - lr / num * sum(grads[t][j] for j in range(num) if j != i)
+    return history, np.mean(ws, axis=0)
+
+
+def model_averaging(w0, rows, steps, num, lr, learners, alpha, momentum):
+    """Crossbow SMA (Koliousis et al. 2019, section 3); returns z after each step."""
+    z, z_prev = w0.copy(), w0.copy()
+    ws = [[w0.copy() for _ in range(learners)] for _ in range(num)]
+    history = []
+    for t in range(steps):
+        total = np.zeros_like(z)
+        for i in range(num):
+            x, y = rows(t, i)
+            b = len(x)
+            for j in range(learners):
+                lo, hi = j * b // learners, (j + 1) * b // learners
+                c = alpha * (ws[i][j] - z)
+                ws[i][j] = ws[i][j] - lr * gradient(ws[i][j], x[lo:hi], y[lo:hi]) - c
+                total += c
+        z, z_prev = z + total + momentum * (z - z_prev), z
+        history.append(z.copy())
+    return history

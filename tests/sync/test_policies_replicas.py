@@ -1,0 +1,140 @@
+"""Sync policies in Keras `fit` on logical-CPU replicas, against numpy references.
+
+The model is a bias-free linear layer with MSE loss (a quadratic) trained with
+plain SGD; `reference.py` implements each paper's update rule independently.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist_ext
+from tfdist_ext import sync
+from tests.sync import reference
+
+FEATURES, PER_REPLICA, LR = 5, 4, 0.05
+
+
+def _data(steps, num):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(steps * num * PER_REPLICA, FEATURES))
+    y = x @ rng.normal(size=(FEATURES, 1)) + 0.3 * rng.normal(size=(len(x), 1))
+    return x, y
+
+
+def _rows(x, y, num):
+    batch = num * PER_REPLICA
+
+    def rows(t, i):
+        lo = t * batch + i * PER_REPLICA
+        return x[lo:lo + PER_REPLICA], y[lo:lo + PER_REPLICA]
+
+    return rows
+
+
+def fit(policy, steps=6, num=2, epochs=1, **strategy_args):
+    """Trains; returns (w0, per-step per-replica weights, final weights, strategy)."""
+    x, y = _data(steps, num)
+    strategy = tfdist_ext.Strategy(sync=policy, num_replicas=num, **strategy_args)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(1, use_bias=False)])
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    w0 = model.get_weights()[0].astype(np.float64)
+    history = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            variable = model.trainable_variables[0].value
+            history.append([c.numpy().astype(np.float64) for c in variable.values])
+
+    model.fit(x.astype("float32"), y.astype("float32"), batch_size=num * PER_REPLICA,
+              epochs=epochs, shuffle=False, verbose=0, callbacks=[Record()])
+    final = [c.numpy().astype(np.float64)
+             for c in model.trainable_variables[0].value.values]
+    return w0, history, final, strategy, _rows(x, y, num)
+
+
+def _close(actual, expected):
+    np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_synchronous_reference_matches_fit():
+    # Checks the harness itself (row layout, loss scaling) against Keras' own path.
+    w0, history, final, _, rows = fit("sync")
+    expected = reference.synchronous(w0, rows, 6, 2, LR)
+    _close(final, expected)
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_local_sgd_differs_between_and_is_equal_after_averaging(warmup):
+    steps, period = 9, 3
+    w0, history, final, strategy, rows = fit(sync.LocalSGD(period=period,
+                                                           warmup_steps=warmup), steps)
+    expected = reference.local_sgd(w0, rows, steps, 2, LR, period, warmup)
+    for t in range(steps):
+        _close(history[t], expected[t])
+        averaged = t < warmup or (t + 1) % period == 0
+        if averaged:  # exactly equal, not just close
+            np.testing.assert_array_equal(history[t][0], history[t][1])
+        else:
+            assert np.abs(history[t][0] - history[t][1]).max() > 1e-4, t
+    rounds = strategy.communication_stats()["sync_rounds"]
+    assert rounds == len([t for t in range(warmup, steps) if (t + 1) % period == 0])
+    np.testing.assert_array_equal(final[0], final[1])
+
+
+def test_local_sgd_communicates_one_round_per_period():
+    steps, period = 12, 3
+    *_, synchronous, _ = fit("sync", steps)
+    *_, local, _ = fit(sync.LocalSGD(period=period), steps)
+    sync_rounds = synchronous.communication_stats()["reductions"]
+    local_stats = local.communication_stats()
+    assert sync_rounds == steps
+    assert local_stats["reductions"] == 0  # no gradient all-reduce at all
+    assert local_stats["sync_rounds"] * period == sync_rounds
+
+
+@pytest.mark.parametrize("delay", [1, 2])
+def test_delayed_averaging_follows_the_paper(delay):
+    steps = 7
+    w0, history, final, strategy, rows = fit(sync.DelayedAveraging(delay=delay), steps)
+    expected, drained = reference.delayed_averaging(w0, rows, steps, 2, LR, delay)
+    for t in range(steps):
+        _close(history[t], expected[t])
+    assert np.abs(history[-1][0] - history[-1][1]).max() > 1e-4  # replicas differ ...
+    _close(final, [drained, drained])  # ... until the drain
+    np.testing.assert_array_equal(final[0], final[1])
+    assert strategy.communication_stats()["sync_rounds"] == steps
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_stale_synchronous_follows_ssp(staleness):
+    steps = 7
+    w0, history, final, strategy, rows = fit(sync.StaleSynchronous(staleness=staleness),
+                                             steps, num=3)
+    expected, drained = reference.stale_synchronous(w0, rows, steps, 3, LR, staleness)
+    for t in range(steps):
+        _close(history[t], expected[t])
+    _close(final, [drained] * 3)
+    stats = strategy.communication_stats()
+    assert 0 <= stats["staleness_max"] <= staleness
+
+
+def test_model_averaging_follows_crossbow():
+    steps, learners, momentum = 6, 2, 0.5
+    policy = sync.ModelAveraging(learners_per_device=learners, momentum=momentum)
+    w0, history, final, strategy, rows = fit(policy, steps)
+    expected = reference.model_averaging(w0, rows, steps, 2, LR, learners,
+                                         1.0 / (2 * learners), momentum)
+    for t in range(steps):
+        _close(history[t], [expected[t]] * 2)
+    assert strategy.communication_stats()["sync_rounds"] == steps
+
+
+def test_drain_at_every_epoch_keeps_training_consistent():
+    # Two epochs: the drain at the end of the first resets the pipeline.
+    steps = 4
+    _, _, final, strategy, _ = fit(sync.DelayedAveraging(delay=2), steps, epochs=2)
+    np.testing.assert_array_equal(final[0], final[1])
+    assert strategy.communication_stats()["sync_rounds"] == 2 * steps

@@ -1,0 +1,48 @@
+"""Delayed gradient averaging (DGA): apply the global average D steps late.
+
+    Strategy(sync=DelayedAveraging(delay=2))
+
+Reference: Zhu, Lin, Lu, Han, "Delayed Gradient Averaging: Tolerate the
+Communication Latency for Federated Learning", NeurIPS 2021 (also "Distributed
+Training Across the World").
+
+Update of replica i at step t, with g_i its own gradient and g the average
+over replicas:
+
+    w_i <- w_i - lr * (g_i(t) - g_i(t - D) + g(t - D))       for t >= D
+    w_i <- w_i - lr * g_i(t)                                  for t <  D
+
+so each replica takes full local steps, and D steps later swaps its own
+gradient for the average. The all-reduce of step t runs while steps t+1, ...,
+t+D compute (`tfdist_ext.sync.inflight`). Replicas differ only by their last
+D local gradients; a drain (epoch end) replaces those by the averages.
+
+Tuning: D such that D steps of compute cover one all-reduce (1-4); the paper
+reports no accuracy loss up to D = 4 with SGD momentum on ImageNet.
+"""
+
+import dataclasses
+
+from tfdist_ext.registry import positive_int
+from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
+from tfdist_ext.sync.pipelined import PipelinedRunner
+
+
+@SYNC_POLICIES.register("delayed_averaging")
+@dataclasses.dataclass(frozen=True)
+class DelayedAveraging(SyncPolicy):
+    """Local steps corrected to the global average gradient `delay` steps later.
+
+    Args:
+        delay: D >= 1.
+    """
+
+    delay: int = 2
+    communicates = "gradients through a pipeline of in-flight reductions"
+
+    def __post_init__(self):
+        positive_int("delay", self.delay)
+
+    def runner(self, strategy):
+        return PipelinedRunner(strategy, self.delay, local_scale=float(
+            strategy.num_replicas_in_sync))

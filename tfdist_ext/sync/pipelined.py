@@ -1,0 +1,92 @@
+"""Shared runner of the two policies that apply a gradient reduction steps late.
+
+Both start the all-reduce of step t's gradients at step t (`InflightReductions`)
+and apply its result at step t + d, while each replica keeps stepping with its
+own fresh gradient. In Keras' scaling (every replica's gradient k_i is its own
+mean gradient g_i divided by the number of replicas N, so that sum_i k_i is
+the global mean gradient) the gradient applied at step t on replica i is
+
+    a * k_i(t)  -  a * k_i(t - d)  +  sum_j k_j(t - d)
+
+with the second and third terms only once round t - d exists. a = N for
+delayed averaging (a full local step, corrected to the global mean d steps
+later) and a = 1 for stale-synchronous training (one N-th of the global step,
+then every other replica's share d steps later).
+
+At a drain (epoch end, before evaluation, end of `fit`) the rounds still in
+flight are awaited and what they owe is applied as plain SGD with the
+optimizer's current learning rate; then parameters are averaged, so all
+replicas continue from one model.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist_ext.collectives import fusion
+from tfdist_ext.sync.inflight import InflightReductions
+from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
+
+
+class PipelinedRunner(PolicyRunner):
+    """Runner of `StaleSynchronous` and `DelayedAveraging`.
+
+    Args:
+        strategy: The owning strategy.
+        delay: d, steps between a reduction's start and its use.
+        local_scale: a, the weight of a replica's own gradient (see module doc).
+    """
+
+    def __init__(self, strategy, delay: int, local_scale: float):
+        super().__init__(strategy)
+        self.delay = delay
+        self.local_scale = local_scale
+        timeout = strategy.extended._communication_options.timeout_seconds  # pylint: disable=protected-access
+        self.inflight = InflightReductions(tf.function(self.cross_ops.reduce_buffers),
+                                           self.num_local, delay,
+                                           timeout_seconds=timeout or 600.0)
+        self._restore = None
+
+    def update_step(self, optimizer, grads, variables, learning_rate):
+        grads = _dense(grads)
+        replica = self.local_index()
+        buffers, restore = fusion.flatten_by_dtype(grads)
+        self._restore = restore
+        step = tf.cast(optimizer.iterations, tf.int64)
+        started = self.inflight.start(step, replica, buffers)
+        with tf.control_dependencies([started]):
+            sums, own = self.inflight.wait(step - self.delay, replica, buffers)
+        updates = []
+        for fresh, stale, total in zip(buffers, own, sums):
+            scale = tf.cast(self.local_scale, fresh.dtype)
+            updates.append(scale * fresh - scale * stale + total)
+        self.apply(optimizer, restore(updates), variables, learning_rate)
+
+    def on_train_begin(self, model):
+        super().on_train_begin(model)
+        self.inflight.drain()
+        self.inflight.first_step = int(model.optimizer.iterations.numpy())
+
+    def _drain_corrections(self, model):
+        pending = self.inflight.drain()
+        self.inflight.first_step = int(model.optimizer.iterations.numpy())
+        if not pending:
+            return
+        owed = [None] * self.num_local
+        for sums, contributions in pending.values():
+            for r in range(self.num_local):
+                terms = [s - self.local_scale * c for s, c in zip(sums[r], contributions[r])]
+                owed[r] = terms if owed[r] is None else [o + t for o, t in zip(owed[r], terms)]
+        learning_rate = float(np.asarray(model.optimizer.learning_rate))
+        variables = [_tf_variable(v) for v in model.trainable_variables]
+        for r in range(self.num_local):
+            corrections = self._restore([tf.constant(o) for o in owed[r]])
+            for variable, correction in zip(variables, corrections):
+                component = variable.values[r]
+                component.assign_sub(tf.cast(learning_rate, component.dtype) * correction)
+
+    def stats(self):
+        leads = self.inflight.take_leads()
+        return {"sync_rounds": self.inflight.rounds_started,
+                "staleness": self.inflight.last_lead,
+                "staleness_max": self.inflight.max_lead,
+                "staleness_mean": float(np.mean(leads)) if leads else 0.0}

@@ -1,0 +1,150 @@
+"""What every sync policy's runner shares: applying updates and averaging parameters.
+
+A runner lives as long as its strategy. `tfdist_ext.keras.hooks` calls it from
+inside Keras' train step (replica context):
+
+* `update_step` replaces Keras' "all-reduce the gradients, then apply" step
+  (`TFOptimizer._backend_update_step`);
+* `wrap_train_step` may wrap the model's whole train step (model averaging
+  runs several learners per replica);
+* `drain` runs eagerly between epochs, before evaluation and at the end of
+  `fit` (from `SyncCallback`): it finishes in-flight communication and leaves
+  every replica with the same weights, so what `fit` evaluates and saves is
+  one model.
+
+Relaxed policies (`worker_local_logs`) communicate less than once per step, so
+the per-step collectives Keras itself adds in multi-worker `fit` (the
+"does any worker still have data" all-reduce of the distributed iterator and
+the all-reduce of the logged loss and metrics) would synchronise the workers
+again. While a train function of such a policy runs, `Strategy.reduce` reduces
+over this worker's replicas only: the progress bar shows this worker's loss,
+and each worker ends an epoch when its own data ends, so every worker must run
+the same number of steps per epoch (pass `steps_per_epoch`, or give workers
+equal shards); `drain` checks this and names the workers that differ.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+
+class PolicyRunner:
+    """Base class of the runners of the sync policies.
+
+    Args:
+        strategy: The owning `tfdist_ext.Strategy`.
+    """
+
+    #: Whether `Strategy.reduce` stays on this worker during training (see module doc).
+    worker_local_logs = True
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+        self.num_local = len(self.cross_ops._devices)  # pylint: disable=protected-access
+        self.world_size = strategy.num_replicas_in_sync
+        self.first_rank = self.cross_ops.first_rank
+        self._steps_at_drain = None
+
+    # -- replica context -------------------------------------------------
+
+    def local_index(self) -> int:
+        """Index of the current replica among this worker's replicas (Python int)."""
+        replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return int(tf.get_static_value(replica_id)) - self.first_rank
+
+    def update_step(self, optimizer, grads, variables, learning_rate):
+        """Replaces Keras' all-reduce-and-apply step; default: apply local gradients.
+
+        Keras scales the loss by 1 / num_replicas_in_sync (so that summed
+        gradients are the global mean); a local step undoes that scale.
+        """
+        scale = float(self.world_size)
+        self.apply(optimizer, [g * tf.cast(scale, g.dtype) for g in _dense(grads)],
+                   variables, learning_rate)
+
+    def wrap_train_step(self, model, train_step):
+        """Returns the function Keras runs per replica and step (default: unchanged)."""
+        return train_step
+
+    def apply(self, optimizer, grads, variables, learning_rate):
+        """Applies per-replica `grads` with `optimizer`, each replica to its own weights."""
+        tf_variables = [_tf_variable(v) for v in variables]
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            optimizer._distributed_tf_update_step,  # pylint: disable=protected-access
+            self.strategy, list(zip(grads, tf_variables)), learning_rate)
+
+    def all_reduce_dense(self, reduce_op, values):
+        """All-reduces tensors from replica context, uncompressed and uncounted."""
+
+        def merge_fn(strategy, *per_replica):
+            with self.cross_ops.dense_reductions():
+                return strategy.extended.batch_reduce_to(
+                    reduce_op, [(v, v) for v in per_replica])
+
+        return tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(values))
+
+    # -- eager, between steps ----------------------------------------------
+
+    def on_train_begin(self, model):
+        self._steps_at_drain = int(model.optimizer.iterations.numpy())
+
+    def drain(self, model):
+        """Finishes in-flight work and makes every replica's weights equal (eager)."""
+        steps = int(model.optimizer.iterations.numpy())
+        since = steps - (self._steps_at_drain if self._steps_at_drain is not None else 0)
+        self._drain_corrections(model)
+        counts = self._average(model, since)
+        self._steps_at_drain = steps
+        self._check_step_counts(counts, since)
+
+    def _drain_corrections(self, model):
+        """Hook: apply what in-flight communication owes each replica (before averaging)."""
+
+    def _average(self, model, steps_since_drain):
+        """Averages trainable variables over all replicas; gathers step counts per worker."""
+        variables = [_tf_variable(v) for v in model.trainable_variables]
+        fn = getattr(self, "_average_fn", None)
+        if fn is None or fn[0] != [id(v) for v in variables]:
+            fn = ([id(v) for v in variables],
+                  tf.function(lambda steps: self.strategy.run(
+                      self._average_replica, args=(variables, steps))))
+            self._average_fn = fn
+        counts = fn[1](tf.constant(steps_since_drain, tf.int64))
+        return np.asarray(self.strategy.experimental_local_results(counts)[0])
+
+    def _average_replica(self, variables, steps):
+        rank = self.first_rank + self.local_index()
+        one_hot = tf.cast(tf.one_hot(rank, self.world_size), tf.float64) * tf.cast(
+            steps, tf.float64)
+        counts = self.all_reduce_dense(_compat.ReduceOp.SUM, [one_hot])[0]
+        # TF's native path packs one dtype per call: the counts go separately.
+        sums = self.all_reduce_dense(_compat.ReduceOp.SUM, [tf.identity(v) for v in variables])
+        inverse = 1.0 / self.world_size
+        updates = [v.assign(s * tf.cast(inverse, s.dtype)) for v, s in zip(variables, sums)]
+        with tf.control_dependencies(updates):
+            return tf.identity(counts)
+
+    def _check_step_counts(self, counts, since):
+        per_replica = [int(round(c)) for c in counts]
+        if len(set(per_replica)) > 1:
+            raise RuntimeError(
+                f"tfdist_ext: with sync={self.strategy.config.sync.name!r} every replica "
+                "must run the same number of steps between synchronisation points, but "
+                f"replicas ran {per_replica} steps (by global rank; this worker: {since}). "
+                "Pass `steps_per_epoch` to `fit`, or give every worker the same number "
+                "of batches (e.g. `dataset.repeat()` with `steps_per_epoch`).")
+
+    def stats(self):
+        """Policy counters for logging (Python numbers)."""
+        return {}
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _dense(grads):
+    return [tf.convert_to_tensor(g) for g in grads]
