@@ -36,7 +36,8 @@ ops_loader.check_build()
 
 # Collective group keys: TF's stock strategies count from 1; each tfdist_ext
 # Strategy instance owns [base, base + _KEY_SPAN), TF's CollectiveKeys in the
-# lower half and the plugin's own point-to-point groups in the upper half.
+# lower half and the plugin's own point-to-point groups in the upper half; the
+# upper quarter of each half serves background reductions (sync policies).
 _KEY_BASE = 100_000
 _KEY_SPAN = 20_000
 
@@ -109,6 +110,24 @@ class _Extended(_compat.CollectiveAllReduceExtended):
             native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
             self._collective_keys, self.tfdist_config, worker_index=self._id_in_cluster,
             pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2)
+        self._background_ops = None
+
+    def background_cross_device_ops(self):
+        """Cross-device ops for reductions that run concurrently with the main thread's.
+
+        Same devices and algorithms, but their own group keys (the upper quarter
+        of each half of the strategy's key range), so instance keys drawn on a
+        background thread never interleave with the main thread's.
+        """
+        if self._background_ops is None:
+            main = self._cross_device_ops
+            quarter = _KEY_SPAN // 4
+            self._background_ops = CrossDeviceOps(
+                main._devices, main._group_size, self._communication_options,  # pylint: disable=protected-access
+                _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
+                self.tfdist_config, worker_index=self._id_in_cluster,
+                pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2 + quarter)
+        return self._background_ops
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).

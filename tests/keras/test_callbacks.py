@@ -122,3 +122,15 @@ def test_bad_update_freq(update_freq):
     with pytest.raises(ValueError, match=r"`update_freq` must be 'epoch', 'batch' or an "
                                          f"integer >= 1; received {update_freq!r}"):
         tfdist_ext.keras.CommunicationStats("logs", update_freq=update_freq)
+
+
+def test_sync_policy_counters_are_logged(tmp_path):
+    strategy = tfdist_ext.Strategy(num_replicas=2, sync={"name": "stale_synchronous",
+                                                         "staleness": 2})
+    _fit(strategy, tfdist_ext.keras.CommunicationStats(tmp_path))
+    events = _events(tmp_path)
+    assert _values(events, "tfdist/sync_rounds") == [STEPS] * EPOCHS
+    assert _values(events, "tfdist/sync_rounds_total")[-1] == STEPS * EPOCHS
+    assert all(0 <= v <= 2 for v in _values(events, "tfdist/staleness_max"))
+    assert len(_values(events, "tfdist/staleness_mean")) == EPOCHS
+    assert _values(events, "tfdist/bytes_sent") == [0] * EPOCHS  # no gradient all-reduce

@@ -55,7 +55,7 @@ class CommunicationStats(keras.callbacks.Callback):
             `tfdist_ext.Strategy` scope.
     """
 
-    COUNTERS = ("bytes_sent", "dense_bytes", "reductions")
+    COUNTERS = ("bytes_sent", "dense_bytes", "reductions", "sync_rounds")
 
     def __init__(self, log_dir, update_freq="epoch"):
         super().__init__()

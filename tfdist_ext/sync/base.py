@@ -17,7 +17,6 @@ SYNC_POLICIES = Registry("sync")
 class SyncPolicy:
     """Base class of all synchronization policies (frozen dataclasses)."""
 
-    name = "sync"
     #: What the policy sends between replicas, for error messages.
     communicates = "gradients every step"
 

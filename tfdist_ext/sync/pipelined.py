@@ -41,7 +41,8 @@ class PipelinedRunner(PolicyRunner):
         self.delay = delay
         self.local_scale = local_scale
         timeout = strategy.extended._communication_options.timeout_seconds  # pylint: disable=protected-access
-        self.inflight = InflightReductions(tf.function(self.cross_ops.reduce_buffers),
+        background = strategy.extended.background_cross_device_ops()
+        self.inflight = InflightReductions(tf.function(background.reduce_buffers),
                                            self.num_local, delay,
                                            timeout_seconds=timeout or 600.0)
         self._restore = None

@@ -1,0 +1,51 @@
+"""Sync policy configuration: names, defaults and bad input."""
+
+import pytest
+
+import tfdist_ext
+from tfdist_ext import sync
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("sync", sync.Synchronous), ("local_sgd", sync.LocalSGD),
+    ("stale_synchronous", sync.StaleSynchronous),
+    ("delayed_averaging", sync.DelayedAveraging), ("model_averaging", sync.ModelAveraging)])
+def test_every_policy_has_a_name_with_defaults(name, cls):
+    policy = sync.get(name)
+    assert isinstance(policy, cls) and policy.name == name
+    assert sync.get({"name": name}) == policy
+
+
+@pytest.mark.parametrize("policy, message", [
+    (lambda: sync.LocalSGD(period=0), r"Argument `period` must be an integer >= 1; received 0"),
+    (lambda: sync.LocalSGD(period=2.5), r"`period` must be an integer >= 1; received 2.5"),
+    (lambda: sync.LocalSGD(warmup_steps=-1),
+     r"`warmup_steps` must be an integer >= 0; received -1"),
+    (lambda: sync.StaleSynchronous(staleness=0),
+     r"`staleness` must be an integer >= 1; received 0"),
+    (lambda: sync.DelayedAveraging(delay=-2), r"`delay` must be an integer >= 1; received -2"),
+    (lambda: sync.ModelAveraging(learners_per_device=0),
+     r"`learners_per_device` must be an integer >= 1; received 0"),
+    (lambda: sync.ModelAveraging(alpha=1.5), r"`alpha` must be in \(0, 1\] or None"),
+    (lambda: sync.ModelAveraging(momentum=1.0), r"`momentum` must be in \[0, 1\); received 1.0"),
+    (lambda: sync.get({"name": "local_sgd", "periods": 3}), r"periods"),
+])
+def test_bad_policy_arguments_are_rejected(policy, message):
+    with pytest.raises(ValueError, match=message):
+        policy()
+
+
+@pytest.mark.parametrize("policy", ["local_sgd", "stale_synchronous", "delayed_averaging",
+                                    "model_averaging"])
+@pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16"])
+def test_policies_that_do_not_reduce_gradients_each_step_refuse_compression(policy,
+                                                                            compression):
+    with pytest.raises(ValueError, match=(
+            rf"Arguments `sync` and `compression` conflict: sync='{policy}' communicates "
+            rf".*compression='{compression}'.*Use compression='none' with sync='{policy}', "
+            rf"or sync='sync' with compression='{compression}'")):
+        tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
+
+
+def test_synchronous_accepts_every_compressor():
+    tfdist_ext.Strategy(sync="sync", compression="topk", num_replicas=2)
