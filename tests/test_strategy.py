@@ -88,8 +88,11 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     ({"sync": "async"}, ValueError,
      r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'local_sgd', "
      r"'model_averaging', 'stale_synchronous', 'sync'"),
-    ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed'"),
-    ({"bucketing": "wfbp"}, NotImplementedError, r"the 'wfbp' planner exists"),
+    ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed', 'mgwfbp', 'wfbp'"),
+    ({"bucketing": {"name": "mgwfbp", "profile_steps": 0}}, ValueError,
+     r"Argument `profile_steps` must be an integer >= 1; received 0"),
+    ({"bucketing": {"name": "mgwfbp", "backward_times": [0.1, -1]}}, ValueError,
+     r"Argument `backward_times` must hold finite seconds >= 0; entry 1 is -1"),
     ({"bucketing": {"name": "fixed", "bytes_per_bucket": 0}}, ValueError,
      r"Argument `bytes_per_bucket` must be an integer >= 1; received 0"),
     ({"allreduce": {"name": "native", "colour": 1}}, ValueError, r"unknown option\(s\) \['colour'\]"),

@@ -36,7 +36,7 @@ import copy
 
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import auto, cost, fusion
 from tfdist_ext.collectives import engine as engine_lib
 from tfdist_ext.compression import NoCompression, transport
@@ -77,7 +77,10 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._gradient_reduction = False
         self._dense_only = False
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
-                             and isinstance(config.compression, NoCompression))
+                             and isinstance(config.compression, NoCompression)
+                             and config.bucketing is None)
+        self.backward_times = None  # per gradient, backward order (bucketing profile)
+        self.bucket_plan = ()       # the buckets of the last traced gradient reduction
         if not self._native_only:
             if pair_group_key_base is None:
                 raise ValueError("Argument `pair_group_key_base` is required when the "
@@ -157,7 +160,9 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         if self._native_only:
-            result = super()._all_reduce(reduce_op, value, replica_id, options)
+            scope = "tfdist/native/b0/" if self._gradient_reduction else "tfdist/native/other/"
+            with tf.name_scope(scope):
+                result = super()._all_reduce(reduce_op, value, replica_id, options)
             if self._gradient_reduction and replica_id == 0:
                 dense = sum(self._wire_bytes(NATIVE, t.shape.num_elements(), t.dtype.size, 0)
                             for t in _compat.nest.flatten(value)
@@ -197,8 +202,13 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                 return self._reduce_gradient_buffer(buffer, replica_id, options, step,
                                                     f"b{next(buffers)}", counts)
 
-            reduced = fusion.fused_all_reduce([flat[i] for i in fused], reduce_flat,
-                                              options.bytes_per_pack)
+            tensors = [flat[i] for i in fused]
+            planned = gradients and self.config.bucketing is not None
+            if planned and replica_id == 0 and self.needs_backward_profile():
+                tensors = self._record_ready_times(tensors)
+            reduced = fusion.fused_all_reduce(
+                tensors, reduce_flat, options.bytes_per_pack,
+                plan=self._plan_buckets if planned else None)
             if gradients and replica_id == 0:
                 with tf.control_dependencies([self.state.count(*counts)]):
                     reduced = [tf.identity(r) for r in reduced]
@@ -206,13 +216,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                 results[i] = self._finish(reduce_op, r, replica_id)
         return _compat.nest.pack_sequence_as(value, results)
 
-    def _reduce_buffer(self, buffer, replica_id, options):
-        """Sums one flat buffer with the algorithm chosen for its size."""
+    def _reduce_buffer(self, buffer, replica_id, options, bucket="other"):
+        """Sums one flat buffer with the algorithm chosen for its size.
+
+        Its ops are in the name scope ``tfdist/<algorithm>/<bucket>/``, which
+        profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
+        """
         name = self._select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
                                       buffer.dtype.size)
         if self._group_size == 1:
             return buffer
-        with tf.name_scope(f"tfdist_{name}"):
+        with tf.name_scope(f"tfdist/{name}/{bucket}/"):
             if name == NATIVE:  # one tensor: TF's packing leaves it whole
                 return super()._all_reduce(_compat.ReduceOp.SUM, [buffer], replica_id,
                                            options)[0]
@@ -227,7 +241,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         """A gradient buffer: compressed if configured, and counted."""
         compressor = self.config.compression
         n, dtype = buffer.shape.num_elements(), buffer.dtype
-        key = f"{key}_{dtype.name}_{n}"
+        bucket_name, key = key, f"{key}_{dtype.name}_{n}"
         dense = self._wire_bytes(self._select_algorithm(n * dtype.size, dtype.size), n,
                                  dtype.size, replica_id)
         counts[1] += dense
@@ -245,8 +259,66 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         return transport.reduce_buffer(
             buffer, compressor, state=self.state, key=key, replica=replica_id,
             rank=self.first_rank + replica_id, world_size=self._group_size, step=step,
-            all_reduce=lambda t: self._reduce_buffer(t, replica_id, options),
-            all_gather=lambda t: self._all_gather(t, replica_id, options))
+            all_reduce=lambda t: self._reduce_buffer(t, replica_id, options, bucket_name),
+            all_gather=lambda t: self._gather_in_scope(t, replica_id, options, bucket_name))
+
+    def _gather_in_scope(self, tensor, replica_id, options, bucket):
+        with tf.name_scope(f"tfdist/allgather/{bucket}/"):
+            return self._all_gather(tensor, replica_id, options)
+
+    # -- bucketing ---------------------------------------------------------------
+
+    def needs_backward_profile(self) -> bool:
+        """Whether the planner wants per-gradient backward times nobody has supplied."""
+        planner = self.config.bucketing
+        return (getattr(planner, "uses_backward_times", False) and self.backward_times is None
+                and getattr(planner, "backward_times", None) is None)
+
+    def _record_ready_times(self, tensors):
+        """Stamps when each gradient exists (replica 0), accumulated in `state`.
+
+        Timestamps are stateful, so automatic control dependencies run them in
+        program order: they are created in backward order (the order backprop
+        produces the gradients) so that none waits for a later gradient. The
+        reduction does not wait for the record (stateful ops are never pruned).
+        """
+        stamps = []
+        for t in tensors[::-1]:
+            with tf.control_dependencies([t]):
+                stamps.append(tf.timestamp())
+        self.state.record_ready(tf.stack(stamps[::-1]))
+        return tensors
+
+    def link_constants(self, algorithm):
+        """(alpha seconds per message, beta seconds per byte) of `algorithm`."""
+        calibration = self.calibration or auto.Calibration.defaults("defaults", self._group_size)
+        for name, latency, per_byte in calibration.lines:
+            if name == algorithm:
+                return latency, per_byte
+        return calibration.alpha, calibration.beta
+
+    def _plan_buckets(self, sizes, itemsize):
+        """Buckets (backward order) of one dtype's gradients; remembers the plan."""
+        planner = self.config.bucketing
+        algorithm = self._select_algorithm(sum(sizes), itemsize)
+        alpha, beta = self.link_constants(algorithm)
+        times = getattr(planner, "backward_times", None)
+        if times is not None and len(times) != len(sizes):
+            raise ValueError(
+                f"Argument `backward_times` of {type(planner).__name__} has {len(times)} "
+                f"entries but the model has {len(sizes)} gradients to reduce (of "
+                f"{itemsize}-byte elements); pass one time per gradient tensor, in backward "
+                "order, or None to profile them.")
+        if times is None:
+            times = self.backward_times
+            if times is not None and len(times) != len(sizes):
+                times = None  # profiled another dtype split: plan without times
+        buckets = bucketing.plan_buckets(planner, sizes, times, alpha, beta)
+        self.bucket_plan = tuple(
+            {"bytes": sum(sizes[i] for i in bucket), "gradients": len(bucket),
+             "algorithm": self._select_algorithm(sum(sizes[i] for i in bucket), itemsize)}
+            for bucket in buckets)
+        return buckets
 
     def _finish(self, reduce_op, value, replica_id):
         if reduce_op == _compat.ReduceOp.MEAN:

@@ -34,6 +34,7 @@ class StrategyState(tf.Module):
         self.dense_bytes = self._variable(0, tf.int64, 0, "dense_bytes")
         self.reductions = self._variable(0, tf.int64, 0, "reductions")
         self.residuals = {}
+        self.ready_sum = self.ready_count = None
 
     def _variable(self, initial, dtype, replica, name):
         with _compat.init_scope(), tf.device(self._devices[replica]):
@@ -51,6 +52,15 @@ class StrategyState(tf.Module):
                         name=f"residual_{key}_{i}"))
             self.residuals[key] = variables
         return self.residuals[key][replica]
+
+    def record_ready(self, ready):
+        """Accumulates one step's gradient-ready timestamps (seconds, relative)."""
+        if getattr(self, "ready_sum", None) is None:
+            n = ready.shape.num_elements()
+            self.ready_sum = self._variable([0.0] * n, tf.float64, 0, "ready_sum")
+            self.ready_count = self._variable(0, tf.int64, 0, "ready_count")
+        return tf.group(self.ready_sum.assign_add(ready - tf.reduce_min(ready)),
+                        self.ready_count.assign_add(1))
 
     def next_step(self, replica):
         """Increments `replica`'s step counter; returns the step before it."""

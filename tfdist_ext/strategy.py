@@ -64,21 +64,12 @@ class StrategyConfig:
                      compression=compression.get(compression_),
                      sync=sync.get(sync_),
                      bucketing=bucketing.get(bucketing_))
-        if config.bucketing is not None and not isinstance(config.bucketing,
-                                                           bucketing.FixedSize):
-            raise NotImplementedError(
-                f"Argument `bucketing`: the {config.bucketing.name!r} planner exists "
-                "(tfdist_ext.bucketing) but the strategy cannot yet launch buckets "
-                "during backprop. Use bucketing=None or FixedSize(bytes) for now.")
         config.sync.check_compression(config.compression)
         return config
 
     def communication_options(self):
         """TF communication options implied by the configuration."""
-        pack = self.allreduce.bytes_per_pack
-        if isinstance(self.bucketing, bucketing.FixedSize):
-            pack = self.bucketing.bytes_per_bucket
-        return _compat.CommunicationOptions(bytes_per_pack=pack)
+        return _compat.CommunicationOptions(bytes_per_pack=self.allreduce.bytes_per_pack)
 
     def describe(self) -> str:
         return (f"allreduce={self.allreduce}, compression={self.compression}, "
@@ -188,13 +179,15 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self.cluster = spec
         self._worker_local = False
         self.sync_runner = config.sync.runner(self)
-        if self.sync_runner is not None:
+        planner = config.bucketing
+        if self.sync_runner is not None or getattr(planner, "uses_backward_times", False):
             from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
             hooks.install()
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
-        if "auto" in config.allreduce.algorithms:
+        if "auto" in config.allreduce.algorithms or getattr(planner, "uses_backward_times",
+                                                            False):
             self._calibrate()
 
     @property
@@ -209,9 +202,14 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if self.num_replicas_in_sync == 1:
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
             return
+        candidates = auto.candidates_or_all(options.candidates)
+        if "auto" not in options.algorithms:  # only the bucketing planner needs figures
+            candidates = tuple(sorted(set(options.algorithms)))
         cross_ops.calibration = calibration.calibrate(
-            cross_ops, key, cross_ops.first_rank, auto.candidates_or_all(options.candidates),
+            cross_ops, key, cross_ops.first_rank, candidates,
             cache_path=options.calibration_cache, probe=options.calibrate)
+        if "auto" not in options.algorithms:
+            return
         self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
                                                        candidates=options.candidates)
         if cross_ops.first_rank == 0:
@@ -241,6 +239,16 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if self.sync_runner is not None:
             stats.update(self.sync_runner.stats())
         return stats
+
+    def fit_callbacks(self):
+        """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
+        from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+        callbacks = []
+        if self.sync_runner is not None:
+            callbacks.append(hooks.SyncCallback(self.sync_runner))
+        if self._cross_ops.needs_backward_profile():
+            callbacks.append(hooks.BackwardProfile(self))
+        return callbacks
 
     @contextlib.contextmanager
     def worker_local_reductions(self):

@@ -21,6 +21,9 @@ PLANNERS = Registry("bucketing")
 class Planner:
     """Base class of all bucketing planners (frozen dataclasses)."""
 
+    #: Whether `plan` uses per-gradient backward times (the strategy profiles them).
+    uses_backward_times = False
+
     def plan(self, sizes, backward_times, alpha, beta) -> Plan:
         """Buckets of consecutive gradient indices, in backward order.
 

@@ -30,11 +30,13 @@ times profiled on rank 0, broadcast so every rank plans the same buckets.
 """
 
 import dataclasses
+from typing import Optional, Tuple
 
 import numpy as np
 
 from tfdist_ext.bucketing.base import PLANNERS, Planner
 from tfdist_ext.bucketing.model import Plan, check_inputs, ready_times
+from tfdist_ext.registry import positive_int
 
 METHODS = ("greedy", "optimal")
 
@@ -44,19 +46,35 @@ METHODS = ("greedy", "optimal")
 class MGWFBP(Planner):
     """Merged-gradient WFBP (Shi, Chu, Li, INFOCOM 2019).
 
+    In `Strategy(bucketing="mgwfbp")`, alpha and beta come from the
+    strategy's calibration (probed at start-up) and the backward times from
+    `backward_times` or, when None, from a profile of the first
+    `profile_steps` training steps on the chief (the strategy stamps when
+    each gradient exists, then re-plans and re-traces the train step).
+
     Args:
         method: "optimal" (exact minimum of the modelled iteration time over
             consecutive partitions) or "greedy" (the paper's O(L) merge rule).
             Defaults to "optimal".
+        backward_times: Seconds of each gradient's backward, backward order
+            (one per gradient tensor), or None to profile.
+        profile_steps: Training steps profiled before planning (>= 1).
     """
 
     method: str = "optimal"
+    backward_times: Optional[Tuple[float, ...]] = None
+    profile_steps: int = 5
+    uses_backward_times = True
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(
                 f"Argument `method` of MGWFBP must be one of {list(METHODS)}; received "
                 f"{self.method!r}.")
+        positive_int("profile_steps", self.profile_steps)
+        if self.backward_times is not None:
+            object.__setattr__(self, "backward_times", tuple(self.backward_times))
+            check_inputs([0] * len(self.backward_times), self.backward_times, 0.0, 0.0)
 
     def plan(self, sizes, backward_times, alpha, beta) -> Plan:
         sizes, backward_times, alpha, beta = check_inputs(sizes, backward_times, alpha,

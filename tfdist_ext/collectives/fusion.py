@@ -14,15 +14,20 @@ import tensorflow as tf
 from tfdist_ext import _compat
 
 
-def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0):
+def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
     """Reduces dense tensors through flat per-dtype buffers.
 
     Args:
-        tensors: Dense tensors with static shapes (any dtypes, any order).
+        tensors: Dense tensors with static shapes (any dtypes), in variable
+            (forward) order; their reverse is the order backprop produces them.
         reduce_flat: ``reduce_flat(flat_1d_tensor) -> reduced tensor`` of the
             same length and dtype; called once per pack, in the same order on
             every replica (the packing depends only on shapes and dtypes).
-        bytes_per_pack: As `tf.distribute.experimental.CommunicationOptions`.
+        bytes_per_pack: As `tf.distribute.experimental.CommunicationOptions`
+            (used when `plan` is None).
+        plan: Optional ``plan(sizes_in_bytes, itemsize) -> buckets`` (a
+            bucketing planner): sizes and buckets in backward order, each bucket
+            a tuple of consecutive positions; one pack per bucket.
 
     Returns:
         The reduced tensors, in the order and shapes of `tensors`.
@@ -31,16 +36,23 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0):
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
     results = [None] * len(tensors)
-    for indices in by_dtype.values():
-        order = iter(indices[::-1])  # packs keep the order of their input
-        for pack in _compat.group_by_size([tensors[i] for i in indices[::-1]],
-                                          bytes_per_pack):
-            sizes = [t.shape.num_elements() for t in pack]
-            flats = [tf.reshape(t, [-1]) for t in pack]
+    for dtype, indices in by_dtype.items():
+        backward = indices[::-1]
+        if plan is None:
+            order = iter(backward)  # packs keep the order of their input
+            packs = [[next(order) for _ in pack] for pack in _compat.group_by_size(
+                [tensors[i] for i in backward], bytes_per_pack)]
+        else:
+            sizes = [tensors[i].shape.num_elements() * dtype.size for i in backward]
+            packs = [[backward[p] for p in bucket] for bucket in plan(sizes, dtype.size)]
+        for pack in packs:
+            members = [tensors[i] for i in pack]
+            flats = [tf.reshape(t, [-1]) for t in members]
             reduced = reduce_flat(flats[0] if len(flats) == 1 else tf.concat(flats, 0))
-            pieces = [reduced] if len(pack) == 1 else tf.split(reduced, sizes)
-            for t, piece in zip(pack, pieces):
-                results[next(order)] = tf.reshape(piece, t.shape)
+            pieces = [reduced] if len(pack) == 1 else tf.split(
+                reduced, [t.shape.num_elements() for t in members])
+            for i, piece in zip(pack, pieces):
+                results[i] = tf.reshape(piece, tensors[i].shape)
     return results
 
 

@@ -100,8 +100,9 @@ class AllReduce:
             many bytes, in order (TF's rule; 0: one buffer per dtype). Defaults to 0.
         candidates: Algorithms "auto" may choose from; empty means all of them
             and "native".
-        calibrate: Whether "auto" runs its start-up probe (about a second) when
-            no valid cache exists; False uses built-in defaults instead.
+        calibrate: Whether "auto" (and the "mgwfbp" bucketing planner) runs the
+            start-up probe (about a second) when no valid cache exists; False
+            uses built-in defaults instead.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.
     """

@@ -11,15 +11,21 @@ other strategy:
 * `TensorFlowTrainer.make_train_function`: lets the runner wrap the model's
   train step (model averaging), and, for relaxed policies, runs the train
   function with `Strategy.reduce` kept on this worker (`sync.runner`).
-* `TensorFlowTrainer.fit`: adds `SyncCallback` first in the callback list.
+* `TensorFlowTrainer.fit`: adds the strategy's `fit_callbacks()` (`SyncCallback`,
+  `BackwardProfile`) first in the callback list.
 """
 
 import functools
+import json
+import logging
 import threading
 
 import keras
+import numpy as np
 
 from tfdist_ext import _compat
+
+log = logging.getLogger("tfdist_ext")
 
 _lock = threading.Lock()
 _installed = False
@@ -91,23 +97,24 @@ def _worker_local(train_function, strategy):
 def _wrap_fit(original):
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
-        runner = runner_of(self.distribute_strategy)
-        if runner is None:
+        own = getattr(self.distribute_strategy, "fit_callbacks", None)
+        extra = own() if own is not None else []
+        if not extra:
             return original(self, *args, **kwargs)
         if len(args) > 5:  # x, y, batch_size, epochs, verbose, callbacks, ...
             args = list(args)
-            args[5] = _with_sync_callback(args[5], runner)
+            args[5] = _with_callbacks(args[5], extra)
         else:
-            kwargs["callbacks"] = _with_sync_callback(kwargs.get("callbacks"), runner)
+            kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
         return original(self, *args, **kwargs)
 
     return fit
 
 
-def _with_sync_callback(callbacks, runner):
+def _with_callbacks(callbacks, extra):
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
-    return [SyncCallback(runner)] + list(callbacks or [])
+    return extra + list(callbacks or [])
 
 
 class SyncCallback(keras.callbacks.Callback):
@@ -141,3 +148,63 @@ class SyncCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._drain()
+
+
+class BackwardProfile(keras.callbacks.Callback):
+    """Profiles when each gradient exists, then re-plans the buckets (MG-WFBP).
+
+    While no backward times are known, the strategy's gradient reduction
+    stamps (`tf.timestamp`) the moment each gradient is computed on the
+    chief's first replica. After `profile_steps` batches this callback turns
+    the mean stamps into per-gradient backward times (backward order), takes
+    the chief's (coordination service) so every worker plans alike, hands
+    them to the planner and re-traces the train function with the new buckets.
+    """
+
+    def __init__(self, strategy):
+        super().__init__()
+        self.strategy = strategy
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        cross_ops = self.strategy.extended._cross_device_ops  # pylint: disable=protected-access
+        if not cross_ops.needs_backward_profile():
+            return
+        self.steps += 1
+        if self.steps < self.strategy.config.bucketing.profile_steps:
+            return
+        state = self.strategy.state
+        ready = state.ready_sum.numpy() / max(1, int(state.ready_count.numpy()))
+        times = _chief_value(self.strategy, "backward_times", backward_times(ready[::-1]))
+        cross_ops.backward_times = tuple(times)
+        self.model.make_train_function(force=True)
+        log.info("tfdist_ext: profiled backward times (ms, backward order): %s",
+                 ", ".join(f"{t * 1e3:.2f}" for t in times))
+
+
+def backward_times(ready):
+    """Per-gradient backward seconds from ready stamps in backward order.
+
+    Gradient i's time is how much later than every earlier gradient it was
+    ready (never negative), so the prefix sums are the running maximum.
+    """
+    times, latest = [], None
+    for stamp in ready:
+        times.append(0.0 if latest is None else max(0.0, float(stamp) - latest))
+        latest = float(stamp) if latest is None else max(latest, float(stamp))
+    return times
+
+
+_exchanges = iter(range(1 << 30))
+
+
+def _chief_value(strategy, name, value):
+    """`value` as computed on the chief, through the coordination service."""
+    if strategy.cluster is None:
+        return value
+    set_value, get_value = _compat.coordination_service_kv()
+    key = f"tfdist/{strategy.collective_key_range[0]}/{name}/{next(_exchanges)}"
+    if strategy.cluster.task_index == 0:
+        set_value(key, json.dumps(list(np.asarray(value, dtype=float))))
+        return value
+    return json.loads(get_value(key))
