@@ -236,9 +236,16 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             issued) and `compression_ratio` (dense / sent).
         """
         stats = self.state.stats()
+        if self.config.bucketing is not None:
+            stats["buckets"] = len(self.bucket_plan)
         if self.sync_runner is not None:
             stats.update(self.sync_runner.stats())
         return stats
+
+    @property
+    def bucket_plan(self):
+        """Buckets of the last traced gradient reduction (bytes, gradients, algorithm each)."""
+        return self._cross_ops.bucket_plan
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""

@@ -134,3 +134,13 @@ def test_sync_policy_counters_are_logged(tmp_path):
     assert all(0 <= v <= 2 for v in _values(events, "tfdist/staleness_max"))
     assert len(_values(events, "tfdist/staleness_mean")) == EPOCHS
     assert _values(events, "tfdist/bytes_sent") == [0] * EPOCHS  # no gradient all-reduce
+
+
+def test_bucket_plan_is_logged(tmp_path):
+    strategy = tfdist_ext.Strategy(num_replicas=2, bucketing="wfbp")
+    _fit(strategy, tfdist_ext.keras.CommunicationStats(tmp_path))
+    events = _events(tmp_path)
+    assert _values(events, "tfdist/buckets") == [4] * EPOCHS
+    table = _values(events, "tfdist/bucket_plan")[0].splitlines()
+    assert len(table) == 4  # two Dense layers: kernel and bias each, backward order
+    assert "b0" in table[0] and "12 B" in table[0] and "native" in table[0]  # bias of 3

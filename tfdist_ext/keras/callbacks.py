@@ -33,9 +33,13 @@ class CommunicationStats(keras.callbacks.Callback):
       nothing was sent); ``compression_ratio_total``: over all time.
     * ``seconds_per_step``: wall-clock seconds per training batch during the
       interval (includes callbacks and input, like Keras' own timings).
-    * any other numeric key `communication_stats()` returns (e.g. future
-      staleness gauges) as its current value, ``tfdist/<key>``; keys listed
-      in `COUNTERS` get deltas and totals instead.
+    * any other numeric key `communication_stats()` returns (the sync
+      policy's ``staleness``, ``staleness_max``, ``staleness_mean``; the
+      number of gradient ``buckets``) as its current value, ``tfdist/<key>``;
+      keys listed in `COUNTERS` (also the policy's ``sync_rounds``) get deltas
+      and totals instead.
+    * ``tfdist/bucket_plan`` (text, at the epoch it first appears or changes):
+      each gradient bucket's bytes, gradient count and algorithm.
 
     Once per callback: ``tfdist/config`` (text, `strategy.config.describe()`)
     and, with ``allreduce="auto"``, ``tfdist/allreduce_decisions`` (text, the
@@ -107,7 +111,18 @@ class CommunicationStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self._writer is not None:
             self._write("tfdist/", epoch, self._epoch_mark)
+            self._write_buckets(epoch)
             self._writer.flush()
+
+    def _write_buckets(self, epoch):
+        plan = self._strategy.bucket_plan
+        if not plan or plan == getattr(self, "_written_plan", None):
+            return
+        lines = [f"    b{i:<3d} {b['bytes']:>12,d} B  {b['gradients']:>3d} gradient(s)  "
+                 f"{b['algorithm']}" for i, b in enumerate(plan)]
+        with self._writer.as_default(step=epoch):
+            tf.summary.text("tfdist/bucket_plan", "\n".join(lines))
+        self._written_plan = plan
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
