@@ -29,13 +29,14 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
 
 MODES = ("none", "transient", "permanent")
 PER_WORKER_BATCH = 64
@@ -154,11 +155,7 @@ def _launch(args, out_dir):
     forwarded = []
     for key in ("configs", "staleness", "modes", "steps", "sleep", "repeats", "hidden"):
         forwarded += [f"--{key}", str(getattr(args, key))]
-    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
-               "--timeout", str(args.timeout), sys.executable, str(pathlib.Path(__file__)),
-               *forwarded, "--worker-out", str(out_dir)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run(command, check=True, env=env, cwd=ROOT)
+    relaunch(__file__, args.workers, forwarded + ["--worker-out", out_dir], args.timeout)
     return [json.loads((pathlib.Path(out_dir) / f"w{i}.json").read_text())
             for i in range(args.workers)]
 

@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
 
 CONFIGS = {"sync": {}, "topk": {"compression": "topk"}, "qsgd": {"compression": "qsgd"},
            "fp16": {"compression": "fp16"}, "auto": {"allreduce": "auto"}}
@@ -180,18 +181,10 @@ def worker(args):
 def launch(args, model, config, tag, directory, check):
     """One `tfdist_ext.launch` job of `model` under `config`; returns the chief's records."""
     out = os.path.join(directory, f"{model}-{tag}-w{{worker}}.json")
-    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
-               "--timeout", str(args.timeout)]
-    if args.link != "none":
-        command += ["--link-bandwidth", args.link] + (["--check"] if check else [])
-    command += ["--", sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
-                "--model", model, "--config", config, "--link", args.link,
-                "--epochs", str(args.epochs_of[model]), "--seed", str(args.seed), "--out", out]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("TF_CONFIG", None)
-    code = subprocess.run(command, env=env, cwd=ROOT, check=False).returncode
-    if code != 0:
-        raise RuntimeError(f"{model} / {config}: `{' '.join(command)}` exited with code {code}")
+    relaunch(__file__, args.workers,
+             ["--worker", "--model", model, "--config", config, "--link", args.link,
+              "--epochs", args.epochs_of[model], "--seed", args.seed, "--out", out],
+             args.timeout, link=args.link, check=check)
     return json.loads(pathlib.Path(out.replace("{worker}", "0")).read_text())
 
 

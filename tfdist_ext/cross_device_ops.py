@@ -80,6 +80,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                              and isinstance(config.compression, NoCompression)
                              and config.bucketing is None)
         self.backward_times = None  # per gradient, backward order (bucketing profile)
+        self.plan_override = None   # buckets chosen by tuning (bucketing.MGWFBP.tune)
+        self.plan_inputs = None     # (sizes, itemsize, alpha, beta) of the last plan
         self.bucket_plan = ()       # the buckets of the last traced gradient reduction
         if not self._native_only:
             if pair_group_key_base is None:
@@ -302,6 +304,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         planner = self.config.bucketing
         algorithm = self._select_algorithm(sum(sizes), itemsize)
         alpha, beta = self.link_constants(algorithm)
+        self.plan_inputs = (tuple(sizes), itemsize, alpha, beta)
         times = getattr(planner, "backward_times", None)
         if times is not None and len(times) != len(sizes):
             raise ValueError(
@@ -314,6 +317,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             if times is not None and len(times) != len(sizes):
                 times = None  # profiled another dtype split: plan without times
         buckets = bucketing.plan_buckets(planner, sizes, times, alpha, beta)
+        if self.plan_override is not None and sum(map(len, self.plan_override)) == len(sizes):
+            buckets = self.plan_override
         self.bucket_plan = tuple(
             {"bytes": sum(sizes[i] for i in bucket), "gradients": len(bucket),
              "algorithm": self._select_algorithm(sum(sizes[i] for i in bucket), itemsize)}

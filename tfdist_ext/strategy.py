@@ -253,8 +253,12 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         callbacks = []
         if self.sync_runner is not None:
             callbacks.append(hooks.SyncCallback(self.sync_runner))
-        if self._cross_ops.needs_backward_profile():
-            callbacks.append(hooks.BackwardProfile(self))
+        if getattr(self.config.bucketing, "uses_backward_times", False):
+            if getattr(self, "_bucket_tuner", None) is None:
+                self._bucket_tuner = hooks.BackwardProfile(self)
+            if not self._bucket_tuner.done and self._cross_ops.needs_backward_profile() or \
+                    self._bucket_tuner.phase == "trial":
+                callbacks.append(self._bucket_tuner)
         return callbacks
 
     @contextlib.contextmanager

@@ -158,3 +158,28 @@ def test_profile_trace_shows_bucket_scopes(tmp_path):
     content = b"".join(p.read_bytes() for p in traces)
     for bucket in ("b0", f"b{2 * LAYERS - 1}"):
         assert f"tfdist/native/{bucket}/".encode() in content, bucket
+
+
+def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
+    strategy = tfdist_ext.Strategy(allreduce={"name": "native", "calibration_cache": None},
+                                   bucketing={"name": "mgwfbp", "profile_steps": 2},
+                                   num_replicas=2)
+    # A link with a tiny per-message cost (the backward of these small layers
+    # takes microseconds), so that alpha x 1/4 .. x 1e6 give different plans.
+    from tfdist_ext.collectives import auto  # pylint: disable=import-outside-toplevel
+    strategy.extended._cross_device_ops.calibration = auto.Calibration(  # pylint: disable=protected-access
+        "test", 2, alpha=1e-6, beta=1e-11, gamma=0.0, lines=(("native", 1e-6, 1e-11),))
+    _fit(strategy, epochs=8)  # 48 steps: 2 profiled, then 3 per candidate plan
+    tuner = strategy._bucket_tuner  # pylint: disable=protected-access
+    assert tuner.done, tuner.phase
+    plans = [plan for _, plan in tuner.candidates]
+    assert len(set(plans)) == len(plans) >= 2  # distinct plans, one bucket among them
+    assert ((tuple(range(2 * LAYERS)),) in plans)
+    assert all(t["step_seconds"] > 0 for t in tuner.trials)
+    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    chosen = min(tuner.trials, key=lambda t: t["step_seconds"])
+    assert [t for t in tuner.trials if t["chosen"]] == [chosen]
+    assert cross_ops.plan_override == plans[tuner.trials.index(chosen)]
+    assert len(strategy.bucket_plan) == chosen["buckets"]
+    # Later fits add no tuning callback.
+    assert not [c for c in strategy.fit_callbacks() if c is tuner]

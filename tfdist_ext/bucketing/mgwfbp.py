@@ -58,12 +58,22 @@ class MGWFBP(Planner):
             Defaults to "optimal".
         backward_times: Seconds of each gradient's backward, backward order
             (one per gradient tensor), or None to profile.
-        profile_steps: Training steps profiled before planning (>= 1).
+        profile_steps: Training steps profiled before planning (>= 1), and
+            timed per candidate plan when tuning.
+        tune: After profiling, time the distinct plans MG-WFBP makes with
+            alpha x {1/16, 1/4, 1, 4}, one bucket, and equal splits into 4
+            and 8 buckets, each for `profile_steps` steps of real training,
+            and keep the fastest (the chief decides). The calibrated alpha is
+            the cost of a lone collective; inside a train step collectives
+            pipeline, run concurrently and share the CPU with backprop, which
+            the one-channel timing model does not capture (see the README's
+            bucketing results). False trusts the model.
     """
 
     method: str = "optimal"
     backward_times: Optional[Tuple[float, ...]] = None
     profile_steps: int = 5
+    tune: bool = True
     uses_backward_times = True
 
     def __post_init__(self):

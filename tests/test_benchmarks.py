@@ -1,0 +1,42 @@
+"""Tiny runs of the multi-worker benchmarks, to keep them working (not timings)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _run(script, *args, timeout=300):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
+                            capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                            check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.multiworker
+def test_straggler_benchmark_tiny(tmp_path):
+    out = tmp_path / "s.json"
+    stdout = _run("straggler.py", "--workers", "2", "--configs", "sync,ssp", "--modes",
+                  "transient", "--steps", "6", "--sleep", "0.01", "--repeats", "1",
+                  "--hidden", "16", "--json", str(out), "--png", str(tmp_path / "s.png"))
+    assert "x sync" in stdout
+    data = json.loads(out.read_text())
+    rows = {row["config"]: row for row in data["summary"]}
+    assert rows["sync"]["ratio_vs_sync_median"] == 1.0
+    assert rows["ssp"]["samples_per_s_median"] > 0 and rows["ssp"]["staleness_max"] <= 2
+    assert (tmp_path / "s.png").stat().st_size > 0
+
+
+@pytest.mark.multiworker
+def test_bucketing_benchmark_tiny(tmp_path):
+    out = tmp_path / "b.json"
+    _run("bucketing.py", "--workers", "2", "--models", "cnn", "--planners", "none,mgwfbp",
+         "--steps", "3", "--warmup", "6", "--repeats", "1", "--json", str(out))
+    data = json.loads(out.read_text())
+    rows = {row["planner"]: row for row in data["summary"]}
+    assert set(rows) == {"none", "mgwfbp"}
+    assert rows["none"]["vs_none"] == 1.0 and rows["mgwfbp"]["step_ms_median"] > 0
