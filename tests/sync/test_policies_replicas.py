@@ -138,3 +138,19 @@ def test_drain_at_every_epoch_keeps_training_consistent():
     _, _, final, strategy, _ = fit(sync.DelayedAveraging(delay=2), steps, epochs=2)
     np.testing.assert_array_equal(final[0], final[1])
     assert strategy.communication_stats()["sync_rounds"] == 2 * steps
+
+
+@pytest.mark.parametrize("average_slots", [True, False])
+def test_local_sgd_averages_optimizer_slots_when_asked(average_slots):
+    x, y = _data(6, 2)
+    strategy = tfdist_ext.Strategy(sync=sync.LocalSGD(period=3, average_slots=average_slots),
+                                   num_replicas=2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(1, use_bias=False)])
+        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss="mse")
+    model.fit(x.astype("float32"), y.astype("float32"), batch_size=2 * PER_REPLICA,
+              epochs=1, shuffle=False, verbose=0)  # 6 steps: averaged after steps 3 and 6
+    momentum = [v for v in model.optimizer.variables if "momentum" in v.path][0]
+    first, second = (c.numpy() for c in momentum.value.values)
+    assert np.array_equal(first, second) == average_slots
