@@ -256,8 +256,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if getattr(self.config.bucketing, "uses_backward_times", False):
             if getattr(self, "_bucket_tuner", None) is None:
                 self._bucket_tuner = hooks.BackwardProfile(self)
-            if not self._bucket_tuner.done and self._cross_ops.needs_backward_profile() or \
-                    self._bucket_tuner.phase == "trial":
+            if self._cross_ops.needs_backward_profile() or self._bucket_tuner.phase == "trial":
                 callbacks.append(self._bucket_tuner)
         return callbacks
 
