@@ -81,7 +81,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                              and config.bucketing is None)
         self.backward_times = None  # per gradient, backward order (bucketing profile)
         self.plan_override = None   # buckets chosen by tuning (bucketing.MGWFBP.tune)
-        self.plan_inputs = None     # (sizes, itemsize, alpha, beta) of the last plan
+        self.plan_inputs = None     # (sizes, alpha, beta) of the last plan
         self.bucket_plan = ()       # the buckets of the last traced gradient reduction
         if not self._native_only:
             if pair_group_key_base is None:
@@ -304,7 +304,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         planner = self.config.bucketing
         algorithm = self._select_algorithm(sum(sizes), itemsize)
         alpha, beta = self.link_constants(algorithm)
-        self.plan_inputs = (tuple(sizes), itemsize, alpha, beta)
+        self.plan_inputs = (tuple(sizes), alpha, beta)
         times = getattr(planner, "backward_times", None)
         if times is not None and len(times) != len(sizes):
             raise ValueError(

@@ -55,7 +55,7 @@ class StrategyState(tf.Module):
 
     def record_ready(self, ready):
         """Accumulates one step's gradient-ready timestamps (seconds, relative)."""
-        if getattr(self, "ready_sum", None) is None:
+        if self.ready_sum is None:
             n = ready.shape.num_elements()
             self.ready_sum = self._variable([0.0] * n, tf.float64, 0, "ready_sum")
             self.ready_count = self._variable(0, tf.int64, 0, "ready_count")

@@ -32,11 +32,8 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
     Returns:
         The reduced tensors, in the order and shapes of `tensors`.
     """
-    by_dtype = {}  # dtype -> indices, in order of first appearance
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
     results = [None] * len(tensors)
-    for dtype, indices in by_dtype.items():
+    for dtype, indices in _by_dtype(tensors).items():
         backward = indices[::-1]
         if plan is None:
             order = iter(backward)  # packs keep the order of their input
@@ -46,13 +43,9 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
             sizes = [tensors[i].shape.num_elements() * dtype.size for i in backward]
             packs = [[backward[p] for p in bucket] for bucket in plan(sizes, dtype.size)]
         for pack in packs:
-            members = [tensors[i] for i in pack]
-            flats = [tf.reshape(t, [-1]) for t in members]
-            reduced = reduce_flat(flats[0] if len(flats) == 1 else tf.concat(flats, 0))
-            pieces = [reduced] if len(pack) == 1 else tf.split(
-                reduced, [t.shape.num_elements() for t in members])
-            for i, piece in zip(pack, pieces):
-                results[i] = tf.reshape(piece, tensors[i].shape)
+            reduced = reduce_flat(_concat([tensors[i] for i in pack]))
+            for i, piece in zip(pack, _split(reduced, [tensors[i].shape for i in pack])):
+                results[i] = piece
     return results
 
 
@@ -67,20 +60,35 @@ def flatten_by_dtype(tensors):
         appearance, and ``restore(buffers)`` which splits buffers of the same
         lengths and dtypes back into tensors of the original shapes and order.
     """
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    groups = list(by_dtype.values())
-    buffers = [tf.concat([tf.reshape(tensors[i], [-1]) for i in group], 0)
-               for group in groups]
+    groups = list(_by_dtype(tensors).values())
+    buffers = [_concat([tensors[i] for i in group]) for group in groups]
     shapes = [t.shape for t in tensors]
 
     def restore(flat_buffers):
         results = [None] * len(shapes)
         for group, flat in zip(groups, flat_buffers):
-            sizes = [shapes[i].num_elements() for i in group]
-            for i, piece in zip(group, tf.split(flat, sizes)):
-                results[i] = tf.reshape(piece, shapes[i])
+            for i, piece in zip(group, _split(flat, [shapes[i] for i in group])):
+                results[i] = piece
         return results
 
     return buffers, restore
+
+
+def _by_dtype(tensors):
+    """dtype -> indices of `tensors` of that dtype, dtypes in order of first appearance."""
+    groups = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return groups
+
+
+def _concat(tensors):
+    """One flat buffer of `tensors` (no copy for a single tensor)."""
+    flats = [tf.reshape(t, [-1]) for t in tensors]
+    return flats[0] if len(flats) == 1 else tf.concat(flats, 0)
+
+
+def _split(flat, shapes):
+    """`_concat`'s inverse: pieces of `flat` with the given static shapes."""
+    pieces = [flat] if len(shapes) == 1 else tf.split(flat, [s.num_elements() for s in shapes])
+    return [tf.reshape(piece, shape) for piece, shape in zip(pieces, shapes)]

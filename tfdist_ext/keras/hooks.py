@@ -16,7 +16,6 @@ other strategy:
 """
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -25,6 +24,7 @@ import keras
 import numpy as np
 
 from tfdist_ext import _compat, bucketing
+from tfdist_ext.collectives import calibration
 
 log = logging.getLogger("tfdist_ext")
 
@@ -158,7 +158,7 @@ class BackwardProfile(keras.callbacks.Callback):
        stamps (`tf.timestamp`) the moment each gradient is computed on the
        chief's first replica. After `profile_steps` batches the mean stamps
        become per-gradient backward times (backward order), the chief's
-       (coordination service) so every worker plans alike.
+       (`calibration.broadcast_from_chief`) so every worker plans alike.
     2. With `tune`, each distinct plan among MG-WFBP's for alpha x
        `ALPHA_SCALES` and equal-size splits into `EQUAL_PARTS` buckets is
        traced and timed for `profile_steps` batches (after one batch that pays
@@ -179,7 +179,7 @@ class BackwardProfile(keras.callbacks.Callback):
         self.planner = strategy.config.bucketing
         self.phase = "profile"
         self.steps = 0
-        self.candidates = []  # (alpha scale, plan)
+        self.candidates = []  # ((kind, value), plan)
         self.medians = []
         self.durations = []
         self._began = None
@@ -205,14 +205,14 @@ class BackwardProfile(keras.callbacks.Callback):
     def _profiled(self):
         state = self.strategy.state
         ready = state.ready_sum.numpy() / max(1, int(state.ready_count.numpy()))
-        times = _chief_value(self.strategy, "backward_times", backward_times(ready[::-1]))
+        times = self._chief(backward_times(ready[::-1]))
         self.cross_ops.backward_times = tuple(times)
         log.info("tfdist_ext: profiled backward times (ms, backward order): %s",
                  ", ".join(f"{t * 1e3:.2f}" for t in times))
         if not self.planner.tune or self.cross_ops.plan_inputs is None:
             self._finish(None)
             return
-        sizes, _, alpha, beta = self.cross_ops.plan_inputs
+        sizes, alpha, beta = self.cross_ops.plan_inputs
         plans = [(("alpha", scale), self.planner.plan(list(sizes), times, alpha * scale, beta))
                  for scale in self.ALPHA_SCALES]
         # Equal-size buckets: TF runs independent collectives concurrently, which
@@ -227,6 +227,11 @@ class BackwardProfile(keras.callbacks.Callback):
         self.phase = "trial"
         self._start_trial()
 
+    def _chief(self, values):
+        """The chief's `values` (floats), so that every worker plans alike."""
+        return calibration.broadcast_from_chief(self.cross_ops, values,
+                                                self.cross_ops.first_rank)
+
     def _start_trial(self):
         self.durations = []
         self.cross_ops.plan_override = self.candidates[len(self.medians)][1]
@@ -236,8 +241,7 @@ class BackwardProfile(keras.callbacks.Callback):
         if len(self.medians) < len(self.candidates):
             self._start_trial()
             return
-        best = int(_chief_value(self.strategy, "bucket_choice",
-                                [int(np.argmin(self.medians))])[0])
+        best = int(self._chief([int(np.argmin(self.medians))])[0])
         self.trials = [{"candidate": f"{kind} {value:g}", "buckets": len(plan),
                         "step_seconds": median, "chosen": i == best}
                        for i, (((kind, value), plan), median) in enumerate(
@@ -265,18 +269,3 @@ def backward_times(ready):
         times.append(0.0 if latest is None else max(0.0, float(stamp) - latest))
         latest = float(stamp) if latest is None else max(latest, float(stamp))
     return times
-
-
-_exchanges = iter(range(1 << 30))
-
-
-def _chief_value(strategy, name, value):
-    """`value` as computed on the chief, through the coordination service."""
-    if strategy.cluster is None:
-        return value
-    set_value, get_value = _compat.coordination_service_kv()
-    key = f"tfdist/{strategy.collective_key_range[0]}/{name}/{next(_exchanges)}"
-    if strategy.cluster.task_index == 0:
-        set_value(key, json.dumps(list(np.asarray(value, dtype=float))))
-        return value
-    return json.loads(get_value(key))
