@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +147,32 @@ double SumOf(OpKernelContext* ctx, const float* x, int64_t n) {
   return total;
 }
 
+// max |x_i| over x[begin, end) as float bits without the sign, serially.
+// Comparing magnitude bits orders floats by |x|, and NaN sorts above Inf, so a
+// NaN propagates.
+uint32_t MaxAbsBitsRange(const float* x, int64_t begin, int64_t end) {
+  const U4 mask = {kAbsMask, kAbsMask, kAbsMask, kAbsMask};
+  U4 m = {0, 0, 0, 0};
+  int64_t i = begin;
+  for (; i + 4 <= end; i += 4) {
+    const U4 v = LoadU4(x + i) & mask;
+    m = v > m ? v : m;
+  }
+  uint32_t best = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+  for (; i < end; ++i) best = std::max(best, FloatBits(x[i]) & kAbsMask);
+  return best;
+}
+
+// max |x_i| over x, in parallel blocks.
+float MaxAbs(OpKernelContext* ctx, const float* x, int64_t n) {
+  const int64_t blocks = NumBlocks(n, kStreamBlock);
+  std::vector<uint32_t> partial(blocks, 0);
+  ParallelBlocks(ctx, blocks, [&](int64_t b) {
+    partial[b] = MaxAbsBitsRange(x, BlockBegin(b, blocks, n), BlockBegin(b + 1, blocks, n));
+  });
+  return BitsFloat(*std::max_element(partial.begin(), partial.end()));
+}
+
 // ---------------------------------------------------------------------------
 // QSGD
 
@@ -224,6 +251,9 @@ class QsgdEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckLevels("TfdistQsgdEncode", levels_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_size", &bucket_size_));
     OP_REQUIRES_OK(ctx, CheckBucketSize("TfdistQsgdEncode", bucket_size_));
+    std::string norm;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("norm", &norm));
+    max_norm_ = norm == "max";
     bits_ = QsgdBits(levels_);
   }
 
@@ -249,15 +279,17 @@ class QsgdEncodeOp : public OpKernel {
     // Pass 1: the norm of each bucket (one bucket: blocked over the whole vector;
     // several: blocks of whole buckets, each bucket summed serially).
     if (bucket == 0) {
-      norms[0] = static_cast<float>(std::sqrt(SumOf<true>(ctx, x, n)));
+      norms[0] = max_norm_ ? MaxAbs(ctx, x, n)
+                           : static_cast<float>(std::sqrt(SumOf<true>(ctx, x, n)));
     } else {
       const int64_t blocks =
           NumBlocks(num_buckets, std::max<int64_t>(1, kStreamBlock / bucket));
       ParallelBlocks(ctx, blocks, [&](int64_t b) {
         const int64_t last = BlockBegin(b + 1, blocks, num_buckets);
         for (int64_t k = BlockBegin(b, blocks, num_buckets); k < last; ++k) {
-          norms[k] = static_cast<float>(
-              std::sqrt(SumRange<true>(x, k * bucket, std::min(n, (k + 1) * bucket))));
+          const int64_t begin = k * bucket, end = std::min(n, (k + 1) * bucket);
+          norms[k] = max_norm_ ? BitsFloat(MaxAbsBitsRange(x, begin, end))
+                               : static_cast<float>(std::sqrt(SumRange<true>(x, begin, end)));
         }
       });
     }
@@ -296,6 +328,7 @@ class QsgdEncodeOp : public OpKernel {
  private:
   int levels_;
   int bucket_size_;
+  bool max_norm_;
   int bits_;
 };
 
@@ -349,25 +382,6 @@ class QsgdDecodeOp : public OpKernel {
 // ---------------------------------------------------------------------------
 // TernGrad
 
-// max |x| by the magnitude bits (NaN sorts above Inf, so NaN propagates).
-float MaxAbs(OpKernelContext* ctx, const float* x, int64_t n) {
-  const int64_t blocks = NumBlocks(n, kStreamBlock);
-  std::vector<uint32_t> partial(blocks, 0);
-  ParallelBlocks(ctx, blocks, [&](int64_t b) {
-    const int64_t begin = BlockBegin(b, blocks, n), end = BlockBegin(b + 1, blocks, n);
-    const U4 mask = {kAbsMask, kAbsMask, kAbsMask, kAbsMask};
-    U4 m = {0, 0, 0, 0};
-    int64_t i = begin;
-    for (; i + 4 <= end; i += 4) {
-      const U4 v = LoadU4(x + i) & mask;
-      m = v > m ? v : m;
-    }
-    uint32_t best = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
-    for (; i < end; ++i) best = std::max(best, FloatBits(x[i]) & kAbsMask);
-    partial[b] = best;
-  });
-  return BitsFloat(*std::max_element(partial.begin(), partial.end()));
-}
 
 // Codes of x[0, count) (element indices base + j): 0, 1 (+1) or 2 (-1), kept with
 // probability |x| / scale, i.e. when u < |x| * (2^24 / scale). kDivide computes

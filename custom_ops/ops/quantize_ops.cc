@@ -72,6 +72,7 @@ REGISTER_OP("TfdistQsgdEncode")
     .Input("seed: int64")
     .Attr("levels: int >= 1")
     .Attr("bucket_size: int >= 0 = 0")
+    .Attr("norm: {'l2', 'max'} = 'l2'")
     .Output("norms: float")
     .Output("packed: uint8")
     .SetShapeFn([](InferenceContext* c) {
@@ -95,10 +96,10 @@ REGISTER_OP("TfdistQsgdEncode")
     })
     .Doc(R"doc(
 QSGD quantization (Alistarh et al. 2017): unbiased stochastic rounding to s levels,
-in buckets of `bucket_size` consecutive elements, each with its own L2 norm.
+in buckets of `bucket_size` consecutive elements, each with its own L2 (or max) norm.
 
 With s = levels and bucket k = elements [k*d, (k+1)*d) (d = bucket_size), each
-|x_i| / ||x_bucket(i)||_2 * s is rounded to floor or ceil at random, up with
+|x_i| / ||x_bucket(i)|| * s is rounded to floor or ceil at random, up with
 probability equal to its fractional part, giving an integer level l_i in [0, s].
 Code = (l_i << 1) | sign_i (sign 1 for negative), ceil(log2(s + 1)) + 1 bits per
 element, bit packed (the layout does not depend on d). Decoding gives
@@ -112,7 +113,9 @@ seed: scalar; the same seed gives the same codes (for any bucket_size, element i
 levels: number of quantization levels s, in [1, 32767].
 bucket_size: elements per bucket d; 0 (or d >= n) means one bucket (one norm for
   the whole vector).
-norms: [num_buckets] float32, the L2 norm of each bucket (accumulated in
+norm: 'l2' (the paper's analysis) or 'max' (max |x_i| of the bucket: every
+  level is used, the variance is far lower).
+norms: [num_buckets] float32, the norm of each bucket (L2 accumulated in
   float64); num_buckets = 1 if d == 0 or n <= d, else ceil(n / d).
 packed: ceil(n * bits / 8) bytes.
 )doc");

@@ -6,13 +6,14 @@ import tensorflow as tf
 
 from tfdist_ext import ops
 from tfdist_ext.compression.base import COMPRESSORS, Compressor, check_int
+from tfdist_ext.ops._checks import QSGD_NORMS
 from tfdist_ext.ops.compression import MAX_QSGD_LEVELS, qsgd_num_buckets
 
 
 @COMPRESSORS.register("qsgd")
 @dataclasses.dataclass(frozen=True)
 class QSGD(Compressor):
-    """Quantizes |x_i| / ||bucket||_2 stochastically to `levels` levels (unbiased).
+    """Quantizes |x_i| / norm(bucket) stochastically to `levels` levels (unbiased).
 
     Alistarh et al., "QSGD: Communication-Efficient SGD via Gradient
     Quantization and Encoding" (NeurIPS 2017, https://arxiv.org/abs/1610.02132).
@@ -23,7 +24,15 @@ class QSGD(Compressor):
     bits; each bucket adds a 32-bit norm. Decoding is unbiased, so no error
     feedback is needed.
 
-    Tuning: the variance of a bucket of d values is at most
+    Norm: the paper's analysis scales each bucket by its L2 norm (`norm="l2"`).
+    The default scales by the bucket's largest magnitude (`norm="max"`, as
+    TernGrad does), which puts that value on the top level and spreads the
+    others over all levels: the variance is at most d / (4 levels^2) *
+    max_i x_i^2 per bucket. Measured on normal data, d = 512, levels = 7: 0.037
+    ||x||^2 against 1.58 ||x||^2 with L2, for the same bits; on mnist1d
+    (2 workers, momentum SGD) the L2 variant cost 2.6 points of accuracy.
+
+    Tuning (L2): the variance of a bucket of d values is at most
     min(d / levels^2, sqrt(d) / levels) * ||bucket||^2. Smaller buckets give
     lower variance (each value is measured against a smaller norm, so it uses
     more of the levels) but cost +32 bits per bucket: d = 512 with levels=7
@@ -42,12 +51,16 @@ class QSGD(Compressor):
         levels: Quantization levels per sign, in [1, 32767]. Defaults to 7.
         bucket_size: Values per bucket (one norm each), an integer >= 0; 0
             means one bucket for the whole buffer. Defaults to 512.
-        error_feedback: Keep the quantization error. Defaults to False.
+        norm: "max" or "l2": what each bucket is scaled by. Defaults to "max".
+        error_feedback: Keep the quantization error. Defaults to False: the
+            codes are unbiased, and feeding back the L2 variant's large error
+            diverged on mnist1d (accuracy 0.10).
         warmup_steps: Dense steps before compression starts. Defaults to 0.
     """
 
     levels: int = 7
     bucket_size: int = 512
+    norm: str = "max"
     error_feedback: bool = False
     warmup_steps: int = 0
 
@@ -58,6 +71,10 @@ class QSGD(Compressor):
         owner = type(self).__name__
         check_int(owner, "levels", self.levels, minimum=1, maximum=MAX_QSGD_LEVELS)
         check_int(owner, "bucket_size", self.bucket_size, minimum=0, maximum=2**31 - 1)
+        if self.norm not in QSGD_NORMS:
+            raise ValueError(
+                f"Argument `norm` of {owner} must be one of {QSGD_NORMS}; received "
+                f"{self.norm!r}.")
 
     @property
     def bits(self):
@@ -73,7 +90,8 @@ class QSGD(Compressor):
                 tf.TensorSpec([ops.packed_size(num_elements, self.bits)], tf.uint8))
 
     def _compress(self, flat, n, seed):
-        return ops.qsgd_encode(flat, self.levels, seed, bucket_size=self.bucket_size)
+        return ops.qsgd_encode(flat, self.levels, seed, bucket_size=self.bucket_size,
+                               norm=self.norm)
 
     def _decompress(self, payload, n, dtype, seed):
         norms, packed = payload

@@ -93,6 +93,17 @@ def _bucket_size(bucket_size):
     return int(bucket_size)
 
 
+QSGD_NORMS = ("l2", "max")
+
+
+def _qsgd_norm(norm):
+    if norm not in QSGD_NORMS:
+        raise ValueError(f"Argument `norm` must be one of {QSGD_NORMS}; received "
+                         f"norm={norm!r}. 'max' scales each bucket by its largest "
+                         f"magnitude (lower variance), 'l2' by its L2 norm (the paper's).")
+    return norm
+
+
 def _bits(bits):
     if not _is_int(bits) or not 1 <= bits <= 8:
         raise ValueError(f"Argument `bits` must be an integer in [1, 8]; received "

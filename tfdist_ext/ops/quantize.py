@@ -15,13 +15,14 @@ from tfdist_ext.ops._checks import (
     _is_int,
     _levels,
     _out_dtype,
+    _qsgd_norm,
     _seed,
     _uint8,
     qsgd_num_buckets,
 )
 
 
-def qsgd_encode(x, levels, seed, bucket_size=512):
+def qsgd_encode(x, levels, seed, bucket_size=512, norm="l2"):
     """QSGD: unbiased stochastic quantization to `levels` levels per sign, per bucket.
 
     Alistarh et al. 2017 ("QSGD: Communication-Efficient SGD via Gradient
@@ -41,6 +42,12 @@ def qsgd_encode(x, levels, seed, bucket_size=512):
         seed: int or integer scalar tensor; the same seed gives the same codes.
         bucket_size: int d >= 0, elements per bucket; 0 (or d >= n) means one
             bucket for the whole tensor. Defaults to 512.
+        norm: "l2" (the paper's ||bucket||_2) or "max" (max |x_i| of the
+            bucket). With "max" the largest value sits on the top level and
+            the others spread over all levels, so the per-value error is at
+            most norm / levels and the variance at most d / (4 s^2) *
+            max_i x_i^2, far below the L2 bound for the same bits. Decoding
+            is the same for both. Defaults to "l2".
 
     Returns:
         (norms, packed): float32 [qsgd_num_buckets(n, bucket_size)] bucket norms
@@ -52,7 +59,7 @@ def qsgd_encode(x, levels, seed, bucket_size=512):
     bucket_size = _bucket_size(bucket_size)
     _, flat32, _ = _flat_float(x)
     return _loader.load().tfdist_qsgd_encode(flat32, _seed(seed), levels=levels,
-                                             bucket_size=bucket_size)
+                                             bucket_size=bucket_size, norm=_qsgd_norm(norm))
 
 
 def qsgd_decode(norms, packed, n, levels, bucket_size=512, dtype=tf.float32):
