@@ -1,6 +1,7 @@
 // Op registrations: quantizers for gradient compression (QSGD, TernGrad, scaled
 // sign, 8-bit min-max) and generic bit packing.
-// Kernels: custom_ops/kernels/quantize_kernels.cc.
+// Kernels: custom_ops/kernels/{qsgd,terngrad,sign,int8,pack_bits}_kernels.cc
+// (shared helpers in quantize_common.h).
 //
 // Packed layout (shared by every op here): n codes of b bits form a little-endian
 // bit stream, code i in stream bits [i*b, (i+1)*b), least significant bit first;

@@ -1,6 +1,7 @@
 // Op registrations: sparsification for gradient compression (top-k, approximate
 // top-k, random-k) and the dense reconstruction of gathered sparse payloads.
-// Kernels: custom_ops/kernels/sparsify_kernels.cc.
+// Kernels: custom_ops/kernels/{topk,topk_approx,randomk,sparse_to_dense}_kernels.cc
+// (shared helpers in sparsify_common.h).
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
