@@ -57,7 +57,12 @@ def parse_args(argv=None):
                         help="global batch size, split across replicas (default 128)")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
-                        help="adam, or SGD with momentum 0.9 (lr x10)")
+                        help="adam, or SGD with --momentum (lr x10)")
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"],
+                        help="learning rate: constant, or cosine decay to 0 over the run")
+    parser.add_argument("--momentum", type=float, default=0.9,
+                        help="SGD momentum; 0 with DGC momentum correction "
+                             '(--compression \'{"name": "topk", "momentum": 0.9}\')')
     parser.add_argument("--allreduce", default="native",
                         help='a name or a JSON dict, e.g. \'{"name": "topk", "ratio": 0.01}\'')
     parser.add_argument("--compression", default="none")
@@ -87,8 +92,12 @@ def main(argv=None):
     x_train, y_train, x_test, y_test = load_mnist1d()
     with strategy.scope():
         model = build_model(keras)
-        optimizer = (keras.optimizers.Adam(args.lr) if args.optimizer == "adam"
-                     else keras.optimizers.SGD(10 * args.lr, momentum=0.9))
+        lr = args.lr if args.optimizer == "adam" else 10 * args.lr
+        if args.schedule == "cosine":
+            steps = args.epochs * -(-len(x_train) // args.batch_size)
+            lr = keras.optimizers.schedules.CosineDecay(lr, decay_steps=steps)
+        optimizer = (keras.optimizers.Adam(lr) if args.optimizer == "adam"
+                     else keras.optimizers.SGD(lr, momentum=args.momentum))
         model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])

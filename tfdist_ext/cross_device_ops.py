@@ -247,17 +247,21 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         dense = self._wire_bytes(self._select_algorithm(n * dtype.size, dtype.size), n,
                                  dtype.size, replica_id)
         counts[1] += dense
-        # Counted as compressed also during warm-up steps (counts are static).
         if isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES:
-            counts[0] += dense
+            sent = dense
         elif compressor.reducible:
+            sent = 0
             for spec in compressor.payload_spec(n, dtype):
                 length = spec.shape.num_elements()
                 algorithm = self._select_algorithm(length * spec.dtype.size, spec.dtype.size)
-                counts[0] += self._wire_bytes(algorithm, length, spec.dtype.size, replica_id)
+                sent += self._wire_bytes(algorithm, length, spec.dtype.size, replica_id)
         else:
-            counts[0] += transport.wire_bytes_gather(compressor.payload_bytes(n, dtype),
-                                                     self._group_size)
+            sent = transport.wire_bytes_gather(compressor.payload_bytes(n, dtype),
+                                               self._group_size)
+        if sent != dense and compressor.warmup_steps:  # dense during warm-up steps
+            sent = tf.where(step < compressor.warmup_steps, tf.constant(dense, tf.int64),
+                            tf.constant(sent, tf.int64))
+        counts[0] += sent
         return transport.reduce_buffer(
             buffer, compressor, state=self.state, key=key, replica=replica_id,
             rank=self.first_rank + replica_id, world_size=self._group_size, step=step,

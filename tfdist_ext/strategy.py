@@ -180,7 +180,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._worker_local = False
         self.sync_runner = config.sync.runner(self)
         planner = config.bucketing
-        if self.sync_runner is not None or getattr(planner, "uses_backward_times", False):
+        if (self.sync_runner is not None or getattr(planner, "uses_backward_times", False)
+                or config.compression.momentum):
             from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
             hooks.install()
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
@@ -251,6 +252,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
         from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
         callbacks = []
+        if self.config.compression.momentum:
+            callbacks.append(hooks.MomentumCheck(self.config.compression))
         if self.sync_runner is not None:
             callbacks.append(hooks.SyncCallback(self.sync_runner))
         if getattr(self.config.bucketing, "uses_backward_times", False):

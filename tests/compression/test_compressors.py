@@ -107,6 +107,13 @@ def test_defaults_and_flags():
     (TopK, {"error_feedback": "yes"},
      r"Argument `error_feedback` of TopK must be True or False; received 'yes' of type str\."),
     (QSGD, {"error_feedback": 1}, r"Argument `error_feedback` of QSGD must be True or False"),
+    (QSGD, {"norm": "linf"},
+     r"Argument `norm` of QSGD must be one of \('l2', 'max'\); received 'linf'\."),
+    (TopK, {"momentum": 1.0}, r"Argument `momentum` of TopK must be in \[0, 1\); received 1\.0\."),
+    (RandomK, {"momentum": -0.1}, r"Argument `momentum` of RandomK must be in \[0, 1\)"),
+    (TopKApprox, {"momentum": 0.9, "error_feedback": False},
+     r"Argument `momentum` of TopKApprox needs error_feedback=True .* received momentum=0\.9 "
+     r"with error_feedback=False\."),
 ])
 def test_invalid_arguments_name_argument_value_and_range(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -262,13 +269,14 @@ def mean_of_draws(c, x, n):
     return total / DRAWS
 
 
-@pytest.mark.parametrize("c", [QSGD(), QSGD(levels=1), TernGrad()], ids=ids)
+@pytest.mark.parametrize("c", [QSGD(), QSGD(levels=1), QSGD(norm="l2"), TernGrad()], ids=ids)
 def test_stochastic_quantizers_are_unbiased_and_on_their_lattice(c):
     n = 200
     x = gradient(n, 7, tf.float64)
     ref = x.numpy()
     if isinstance(c, QSGD):
-        unit = np.linalg.norm(ref) / c.levels
+        scale = np.linalg.norm(ref) if c.norm == "l2" else np.max(np.abs(ref))
+        unit = scale / c.levels
     else:
         unit = np.max(np.abs(ref))
     once = c.decompress(c.compress(x, 1), n, tf.float64).numpy()
@@ -286,12 +294,14 @@ def test_stochastic_quantizers_depend_on_the_seed():
         assert np.array_equal(a, a2) and not np.array_equal(a, b)
 
 
-def test_qsgd_quantizes_each_bucket_against_its_own_norm():
-    n, c = 1000, QSGD(bucket_size=100)
+@pytest.mark.parametrize("norm", ["max", "l2"])
+def test_qsgd_quantizes_each_bucket_against_its_own_norm(norm):
+    n, c = 1000, QSGD(bucket_size=100, norm=norm)
     x = gradient(n, 9, tf.float64).numpy()
     x[500:600] *= 1e-3
     norms, packed = c.compress(x, 3)
-    want = [np.linalg.norm(x[k * 100:(k + 1) * 100]) for k in range(10)]
+    norm_fn = np.linalg.norm if norm == "l2" else (lambda b: np.max(np.abs(b)))
+    want = [norm_fn(x[k * 100:(k + 1) * 100]) for k in range(10)]
     np.testing.assert_allclose(norms.numpy(), want, rtol=1e-6)
     unit = np.repeat(want, 100) / c.levels
     once = c.decompress((norms, packed), n, tf.float64).numpy()

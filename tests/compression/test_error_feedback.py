@@ -101,3 +101,83 @@ def test_residual_must_match_the_gradient():
     with pytest.raises(ValueError, match=r"Argument `residual` must have the gradient's shape "
                                          r"\(8,\); received \(4,\)"):
         compress_with_feedback(Sign(), x, tf.zeros([4]), 0)
+
+
+# ----------------------------------------------------------------------------
+# DGC momentum correction
+
+def reference_dgc(c, grads, n):
+    """Lin et al. 2018, Algorithm 1 with momentum factor masking, in numpy (float64)."""
+    u, v = np.zeros(n), np.zeros(n)
+    sent_steps, accumulated = [], np.zeros(n)
+    for step, grad in enumerate(grads):
+        u = c.momentum * u + grad.numpy().astype(np.float64)
+        accumulated += u
+        v = v + u
+        seed = c.replica_seed(compression.fold_seed(1234, step), 0)
+        k = c.k(n)
+        if isinstance(c, RandomK):
+            indices = RandomK(ratio=c.ratio)._indices(n, seed).numpy()  # pylint: disable=protected-access
+        else:
+            indices = np.argsort(-np.abs(v), kind="stable")[:k]
+        sent = np.zeros(n)
+        sent[indices] = v[indices]
+        v[indices] = 0.0
+        if c.momentum_masking:
+            u[indices] = 0.0
+        sent_steps.append(sent)
+    return sent_steps, v, accumulated
+
+
+@pytest.mark.parametrize("c", [TopK(ratio=0.05, momentum=0.9), RandomK(ratio=0.1, momentum=0.5),
+                               TopK(ratio=0.05, momentum=0.9, momentum_masking=False)],
+                         ids=repr)
+def test_momentum_correction_matches_dgc_and_keeps_the_invariant(c):
+    n = 400
+    grads = gradients(n, tf.float64, seed=3)
+    residual, velocity = tf.zeros([n], tf.float64), tf.zeros([n], tf.float64)
+    want_sent, want_residual, accumulated = reference_dgc(c, grads, n)
+    total_sent = np.zeros(n)
+    for step, grad in enumerate(grads):
+        seed = c.replica_seed(compression.fold_seed(1234, step), 0)
+        payload, residual, velocity = compression.compress_with_momentum_correction(
+            c, grad, residual, velocity, seed)
+        sent = c.decompress(payload, n, tf.float64, seed=seed).numpy()
+        np.testing.assert_allclose(sent, want_sent[step], rtol=1e-12, atol=1e-12)
+        total_sent += sent
+    np.testing.assert_allclose(residual.numpy(), want_residual, rtol=1e-12, atol=1e-12)
+    # Nothing is lost: sent + residual == the sum of the velocities u_t.
+    np.testing.assert_allclose(total_sent + residual.numpy(), accumulated, rtol=1e-10)
+    assert np.any(velocity.numpy() != 0)
+
+
+def test_momentum_correction_sending_everything_is_sgd_or_momentum_sgd():
+    n = 50
+    grads = gradients(n, tf.float32)[:4]
+    for masking in (True, False):
+        c = TopK(ratio=1.0, momentum=0.9, momentum_masking=masking)
+        residual, velocity, momentum = tf.zeros([n]), tf.zeros([n]), np.zeros(n)
+        for step, grad in enumerate(grads):
+            payload, residual, velocity = compression.compress_with_momentum_correction(
+                c, grad, residual, velocity, step)
+            momentum = 0.9 * momentum + grad.numpy()
+            # Masked: every value was sent, so its momentum restarts (plain SGD);
+            # unmasked: what is sent is momentum SGD's step.
+            want = grad.numpy() if masking else momentum
+            np.testing.assert_allclose(c.decompress(payload, n, tf.float32).numpy(), want,
+                                       rtol=1e-6)
+            assert not np.any(residual.numpy())
+            assert np.any(velocity.numpy()) != masking
+
+
+def test_momentum_correction_checks_its_state_and_skips_non_finite_steps():
+    c = TopK(ratio=0.5, momentum=0.9)
+    residual, velocity = tf.constant([0.5, -0.25, 0.0, 1.0]), tf.constant([1.0, 2.0, 3.0, 4.0])
+    grad = tf.constant([1.0, np.nan, 2.0, 3.0])
+    _, new_residual, new_velocity = compression.compress_with_momentum_correction(
+        c, grad, residual, velocity, 0)
+    np.testing.assert_array_equal(new_residual.numpy(), residual.numpy())
+    np.testing.assert_array_equal(new_velocity.numpy(), velocity.numpy())
+    with pytest.raises(ValueError, match=r"Argument `velocity` must have the gradient's shape "
+                                         r"\(4,\); received \(3,\)"):
+        compression.compress_with_momentum_correction(c, grad, residual, tf.zeros([3]), 0)

@@ -126,3 +126,78 @@ def test_fit_on_one_replica_works_with_every_compressor(name):
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert strategy.communication_stats()["bytes_sent"] == 0
+
+
+def test_momentum_correction_state_per_replica_and_in_the_sum():
+    world, steps = 2, 3
+    strategy = tfdist_ext.Strategy(num_replicas=world, compression={
+        "name": "topk", "ratio": 0.05, "momentum": 0.9})
+    compressor = strategy.config.compression
+    residual = [tf.zeros([1300]) for _ in range(world)]
+    velocity = [tf.zeros([1300]) for _ in range(world)]
+    for step in range(steps):
+        grads = [[g * (step + 1) for g in replica] for replica in _grads(world)]
+        results = _reduce(strategy, grads)
+        expected = np.zeros(1300)
+        for rank in range(world):
+            seed = transport.buffer_seed(compressor, KEY, tf.constant(step, tf.int64), rank)
+            payload, residual[rank], velocity[rank] = (
+                compression.compress_with_momentum_correction(
+                    compressor, tf.constant(_fused(grads[rank])), residual[rank],
+                    velocity[rank], seed))
+            expected += compressor.decompress(payload, 1300, tf.float32).numpy()
+        got = _fused([results[i][0] for i in range(len(SHAPES))])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    state = strategy.state.residuals
+    assert set(state) == {KEY, KEY + "_velocity"}
+    for rank in range(world):
+        np.testing.assert_allclose(state[KEY][rank].numpy(), residual[rank].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[KEY + "_velocity"][rank].numpy(),
+                                   velocity[rank].numpy(), atol=1e-5)
+        assert np.any(velocity[rank].numpy() != 0)
+
+
+def _fit_sgd(compression_option, momentum):
+    import keras  # pylint: disable=import-outside-toplevel
+
+    strategy = tfdist_ext.Strategy(num_replicas=2, compression=compression_option)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 5)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=momentum), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def test_fit_with_momentum_correction_refuses_optimizer_momentum_and_sending_all_is_sgd():
+    with pytest.raises(ValueError, match=r"applies momentum correction \(DGC\) itself, and the "
+                                         r"optimizer SGD also has momentum=0.9: momentum would "
+                                         r"be applied twice"):
+        _fit_sgd({"name": "topk", "momentum": 0.9}, momentum=0.9)
+    # Masking restarts the momentum of every sent value: sending all of them is plain SGD.
+    for ours, ref in zip(_fit_sgd({"name": "topk", "ratio": 1.0, "momentum": 0.9}, 0.0),
+                         _fit_sgd("none", 0.0)):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_warmup_steps_are_dense_and_counted_dense():
+    world = 2
+    strategy = tfdist_ext.Strategy(num_replicas=world, compression={
+        "name": "topk", "ratio": 0.05, "warmup_steps": 2})
+    grads = _grads(world)
+    true_sum = _fused([sum(g[i] for g in grads) for i in range(len(SHAPES))])
+    sent = []
+    for step in range(3):
+        results = _reduce(strategy, grads)
+        got = _fused([results[i][0] for i in range(len(SHAPES))])
+        if step < 2:
+            np.testing.assert_allclose(got, true_sum, rtol=1e-6)
+            assert not strategy.state.residuals[KEY][0].numpy().any()
+        else:
+            assert np.count_nonzero(got) <= 2 * 65
+        stats = strategy.communication_stats()
+        sent.append(stats["bytes_sent"] - sum(sent))
+    dense = stats["dense_bytes"] // 3
+    assert sent[:2] == [dense, dense] and 0 < sent[2] < dense / 5, (sent, dense)

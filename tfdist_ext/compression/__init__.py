@@ -13,7 +13,8 @@ from tfdist_ext.compression.base import (
     get,
 )
 from tfdist_ext.compression.bf16 import BF16
-from tfdist_ext.compression.error_feedback import compress_with_feedback
+from tfdist_ext.compression.error_feedback import (compress_with_feedback,
+                                                   compress_with_momentum_correction)
 from tfdist_ext.compression.fp16 import FP16
 from tfdist_ext.compression.int8 import Int8
 from tfdist_ext.compression.qsgd import QSGD
@@ -36,6 +37,7 @@ __all__ = [
     "TopK",
     "TopKApprox",
     "compress_with_feedback",
+    "compress_with_momentum_correction",
     "fold_seed",
     "get",
 ]

@@ -70,6 +70,22 @@ def check_int(owner, arg, value, minimum, maximum=None):
     return int(value)
 
 
+def check_momentum(owner, value, error_feedback):
+    """Validates DGC momentum correction: a float in [0, 1), needing error feedback."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+            or not 0.0 <= value < 1.0):
+        raise ValueError(
+            f"Argument `momentum` of {owner} must be in [0, 1); received {value!r}. "
+            f"Use the momentum you would give SGD (e.g. 0.9), or 0 to turn momentum "
+            f"correction off.")
+    if value and not error_feedback:
+        raise ValueError(
+            f"Argument `momentum` of {owner} needs error_feedback=True (the unsent "
+            f"velocity accumulates in the residual); received momentum={value!r} with "
+            f"error_feedback=False.")
+    return float(value)
+
+
 def as_seed(seed):
     """An int or integer scalar tensor as an int64 scalar tensor."""
     if isinstance(seed, (numbers.Integral, np.integer)) and not isinstance(seed, bool):
@@ -124,17 +140,25 @@ class Compressor:
             `tfdist_ext.compression.compress_with_feedback`.
         warmup_steps: Number of first steps sent dense (uncompressed); the
             strategy checks `step < warmup_steps`.
+        momentum: DGC momentum correction (`compress_with_momentum_correction`)
+            when > 0; the optimizer must then run without momentum.
+        momentum_masking: With momentum correction, restart the momentum of
+            every value sent (DGC's momentum factor masking).
     """
 
     reducible = True
     shared_seed = False
     error_feedback = False
     warmup_steps = 0
+    momentum = 0.0
+    momentum_masking = True
 
     def __post_init__(self):
         owner = type(self).__name__
         check_bool(owner, "error_feedback", self.error_feedback)
         check_int(owner, "warmup_steps", self.warmup_steps, minimum=0)
+        check_momentum(owner, self.momentum, self.error_feedback)
+        check_bool(owner, "momentum_masking", self.momentum_masking)
 
     # -- Interface used by the strategy ------------------------------------
 

@@ -15,7 +15,8 @@ import zlib
 import tensorflow as tf
 
 from tfdist_ext.compression.base import FLOAT_DTYPES, NoCompression, fold_seed
-from tfdist_ext.compression.error_feedback import compress_with_feedback
+from tfdist_ext.compression.error_feedback import (compress_with_feedback,
+                                                   compress_with_momentum_correction)
 
 _SEED_BASE = 0x7FD15
 
@@ -89,10 +90,18 @@ def reduce_buffer(flat, compressor, *, state, key, replica, rank, world_size, st
     seed = buffer_seed(compressor, key, step, rank)
     residual = (state.residual(key, replica, n, dtype)
                 if compressor.error_feedback else None)
+    velocity = (state.residual(f"{key}_velocity", replica, n, dtype)
+                if compressor.momentum else None)
 
     def compressed():
-        payload, new_residual = compress_with_feedback(
-            compressor, flat, None if residual is None else residual.read_value(), seed)
+        updates = []
+        if velocity is not None:
+            payload, new_residual, new_velocity = compress_with_momentum_correction(
+                compressor, flat, residual.read_value(), velocity.read_value(), seed)
+            updates.append(velocity.assign(new_velocity))
+        else:
+            payload, new_residual = compress_with_feedback(
+                compressor, flat, None if residual is None else residual.read_value(), seed)
         if compressor.reducible:
             summed = tuple(all_reduce(t) for t in payload)
             result = compressor.decompress(summed, n, dtype, seed=seed)
@@ -100,9 +109,11 @@ def reduce_buffer(flat, compressor, *, state, key, replica, rank, world_size, st
             specs = compressor.payload_spec(n, dtype)
             gathered = unpack_gathered(all_gather(pack(payload)), specs, world_size)
             result = compressor.decompress_sum(gathered, n, dtype, world_size, seed=seed)
-        if residual is None:
+        if residual is not None:
+            updates.append(residual.assign(new_residual))
+        if not updates:
             return result
-        with tf.control_dependencies([residual.assign(new_residual)]):
+        with tf.control_dependencies(updates):
             return tf.identity(result)
 
     if compressor.warmup_steps:

@@ -12,7 +12,7 @@ other strategy:
   train step (model averaging), and, for relaxed policies, runs the train
   function with `Strategy.reduce` kept on this worker (`sync.runner`).
 * `TensorFlowTrainer.fit`: adds the strategy's `fit_callbacks()` (`SyncCallback`,
-  `BackwardProfile`) first in the callback list.
+  `BackwardProfile`, `MomentumCheck`) first in the callback list.
 """
 
 import functools
@@ -149,6 +149,25 @@ class SyncCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._drain()
+
+
+class MomentumCheck(keras.callbacks.Callback):
+    """Refuses to train with momentum twice: in the compressor (DGC) and the optimizer."""
+
+    def __init__(self, compressor):
+        super().__init__()
+        self.compressor = compressor
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        momentum = float(getattr(optimizer, "momentum", 0.0) or 0.0)
+        if momentum:
+            raise ValueError(
+                f"Compression {self.compressor!r} applies momentum correction (DGC) itself, "
+                f"and the optimizer {type(optimizer).__name__} also has momentum={momentum}: "
+                f"momentum would be applied twice. Compile with "
+                f"keras.optimizers.SGD(learning_rate, momentum=0.0), or give the compressor "
+                f"momentum=0.")
 
 
 class BackwardProfile(keras.callbacks.Callback):
