@@ -8,7 +8,7 @@
 one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
 cost model's choice, measured as its own row) run side by side in one job.
 Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
-each chaining `--steps` all-reduces); algbw = bytes / time and busbw = algbw *
+each chaining `--steps` all-reduces and starting right after a barrier); algbw = bytes / time and busbw = algbw *
 2(p-1)/p as in nccl-tests. The chief's measurements are reported.
 """
 
@@ -18,7 +18,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -67,6 +66,9 @@ def run(args):
     is_chief = strategy.cluster is None or strategy.cluster.task_index == 0
     names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
              else tuple(args.algorithms.split(",")))
+    barrier = calibration.barrier_fn(cross_ops)
+    if barrier is not None:
+        barrier()  # trace it
     records = []
     for size in [options.parse_size(s) for s in args.sizes.split(",")]:
         elements = max(size // 4, 1)
@@ -75,14 +77,7 @@ def run(args):
                          if name == "auto" else name) for name in names}
         fns = {name: calibration.all_reduce_fn(cross_ops, chosen[name], elements, steps)
                for name in names}
-        for fn in fns.values():  # trace and warm up, in the same order everywhere
-            fn()
-        seconds = {name: [] for name in names}
-        for _ in range(args.repeat):  # interleaved, so drift hits every row alike
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                seconds[name].append((time.perf_counter() - start) / steps)
+        seconds = calibration.time_interleaved(fns, args.repeat, barrier, steps)
         for name in names:
             t_min, t_med = min(seconds[name]), float(np.median(seconds[name]))
             algbw = 4 * elements / t_med / 1e9

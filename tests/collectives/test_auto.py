@@ -33,6 +33,22 @@ def test_choice_follows_the_model():
     # A probed line wins over the schedule model.
     probed = _calibration(lines=(("native", 1.5e-3, 1e-9), ("ring", 1e-5, 1e-12)))
     assert auto.choose(probed, 1024) == "ring" and auto.choose(probed, 64 << 20) == "ring"
+    # Measured points win over the line and are interpolated between probe sizes.
+    sizes = auto.PROBE_BYTES
+    assert sizes == (1 << 10, 1 << 20, 1 << 22)
+    curved = _calibration(points=(("tree", (1e-4, 1e-3, 13e-3)), ("ring", (3e-4, 1.2e-3, 4e-3))),
+                          lines=(("native", 1.5e-3, 1e-9), ("tree", 1e-4, 1e-13)))
+    assert curved.predict("tree", sizes[1]) == pytest.approx(1e-3)
+    assert curved.predict("tree", (sizes[1] + sizes[2]) // 2) == pytest.approx(7e-3)
+    assert curved.predict("tree", 2 * sizes[2]) == pytest.approx(13e-3 + 4 * 4e-3)  # 4 ms/MB
+    # Above the last probe, the steepest segment: 1 KB-1 MB here, not the flat top.
+    flat_top = auto.interpolate(sizes, (1e-4, 3e-3, 4e-3), 2 * sizes[2])
+    assert flat_top == pytest.approx(4e-3 + (3e-3 - 1e-4) / (sizes[1] - sizes[0]) * sizes[2])
+    assert curved.predict("tree", 1) == pytest.approx(1e-4 - 9e-4 * 1023 / (sizes[1] - sizes[0]))
+    assert auto.choose(curved, 1 << 20, candidates=["ring", "tree"]) == "tree"
+    assert auto.choose(curved, 16 << 20, candidates=["ring", "tree"]) == "ring"
+    assert auto.interpolate((1, 2, 3), (5.0, 3.0, 1.0), 100) == 1e-7  # never <= 0
+    assert auto.interpolate((10, 20, 30), (5.0, 1.0, 1.0), 1) == pytest.approx(8.6)
     rows = auto.decision_table(cal)
     assert [r["bytes"] for r in rows] == list(auto.TABLE_SIZES)
     for row in rows:
@@ -78,6 +94,9 @@ def test_auto_calibrates_caches_and_trains_like_native(tmp_path):
     assert [line[0] for line in cal.lines] == list(auto.candidates_or_all(None))
     for _, latency, per_byte in cal.lines:
         assert 0 < latency < 1 and 0 < per_byte < 1e-6
+    assert [p[0] for p in cal.points] == list(auto.candidates_or_all(None))
+    for _, seconds in cal.points:
+        assert len(seconds) == len(auto.PROBE_BYTES) and all(0 < t < 1 for t in seconds)
     assert json.loads(open(cache, encoding="utf-8").read())["calibration"]["alpha"] == cal.alpha
     again = tfdist_ext.Strategy(num_replicas=4, allreduce={"name": "auto",
                                                            "calibration_cache": cache})

@@ -1,8 +1,12 @@
 """`allreduce="auto"`: pick, per fused buffer size, the algorithm with the lowest modelled time.
 
-Each candidate's time is a straight line ``latency + seconds_per_byte * bytes``
-measured for that algorithm on the running cluster at two sizes (see
-`calibration.py`). Lines per algorithm, rather than one alpha-beta-gamma model
+Each candidate's time is measured on the running cluster at the sizes in
+`PROBE_BYTES` (see `calibration.py`) and interpolated piecewise linearly in
+bytes between them (`interpolate`). A single
+straight line through 1 KB and 4 MB mispredicted the middle: on 2 workers
+tree was the fastest at 1 MB and one of the slowest at 16 MB, and the line
+picked ring at 1 MB, 1.16x slower. Probing 16 MB as well cost 5-15 s more
+and, with the few calls affordable there, was noisier than extrapolating. Curves per algorithm, rather than one alpha-beta-gamma model
 for all schedules, because the schedule model's "busiest link" is wrong when
 replicas share cores and memory (logical replicas in one process: measured
 1.9x off at 1 MB); the alpha-beta-gamma constants derived from the same probe
@@ -22,6 +26,7 @@ from tfdist_ext.collectives.schedule import ALGORITHMS
 
 NATIVE = "native"
 TABLE_SIZES = tuple(1 << s for s in range(10, 27, 2))  # 1 KB .. 64 MB
+PROBE_BYTES = (1 << 10, 1 << 20, 1 << 22)  # 1 KB, 1 MB, 4 MB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +39,11 @@ class Calibration:
         alpha: Graph engine start-up per message (derived).
         beta: Graph engine seconds per byte on one rank's link (derived).
         gamma: Seconds per byte of local reduction (an add).
-        lines: ``(name, latency_seconds, seconds_per_byte)`` per probed algorithm.
+        lines: ``(name, latency_seconds, seconds_per_byte)`` per probed
+            algorithm: the straight line through its smallest and largest
+            probe (what the bucketing planner reads as alpha and beta).
+        points: ``(name, seconds at each of PROBE_BYTES)`` per probed
+            algorithm; `predict` interpolates them (the line when absent).
         measured: False when these are defaults, not measurements.
     """
 
@@ -44,16 +53,22 @@ class Calibration:
     beta: float
     gamma: float
     lines: Tuple[Tuple[str, float, float], ...] = ()
+    points: Tuple[Tuple[str, Tuple[float, ...]], ...] = ()
     measured: bool = True
 
     def __post_init__(self):  # JSON gives lists
         object.__setattr__(self, "lines", tuple(tuple(line) for line in self.lines))
+        object.__setattr__(self, "points", tuple((name, tuple(seconds))
+                                                 for name, seconds in self.points))
 
     def cost_model(self) -> CostModel:
         return CostModel(self.alpha, self.beta, self.gamma)
 
     def predict(self, name: str, num_bytes: int, itemsize: int = 4) -> float:
         """Modelled seconds for algorithm `name` on a buffer of `num_bytes`."""
+        for points_name, seconds in self.points:
+            if points_name == name:
+                return interpolate(PROBE_BYTES, seconds, num_bytes)
         for line_name, latency, per_byte in self.lines:
             if line_name == name:
                 return latency + per_byte * num_bytes
@@ -68,6 +83,25 @@ class Calibration:
         used only when calibration is skipped and no cache exists."""
         return cls(cluster_key, world_size, alpha=4e-4, beta=1 / 0.8e9, gamma=1 / 4e9,
                    lines=((NATIVE, 1.7e-3, 1 / 0.32e9),), measured=False)
+
+
+def interpolate(sizes: Sequence[int], seconds: Sequence[float], num_bytes: int) -> float:
+    """Piecewise-linear `seconds` over increasing `sizes`.
+
+    Below the first size the first segment is extended (never below 1e-7 s).
+    Above the last size the steepest segment is: the per-byte cost does not
+    fall once a message is bandwidth-bound, and a flatter top segment came
+    from buffers that still fit in the CPU caches (4 logical replicas,
+    master_worker: 1-4 MB predicted 16.5 ms at 16 MB, measured 30 ms).
+    """
+    slopes = [(t1 - t0) / (s1 - s0) for s0, s1, t0, t1 in
+              zip(sizes, sizes[1:], seconds, seconds[1:])]
+    if num_bytes > sizes[-1]:
+        return max(seconds[-1] + max(slopes) * (num_bytes - sizes[-1]), 1e-7)
+    i = 1
+    while i < len(sizes) - 1 and num_bytes > sizes[i]:
+        i += 1
+    return max(seconds[i - 1] + slopes[i - 1] * (num_bytes - sizes[i - 1]), 1e-7)
 
 
 def candidates_or_all(candidates: Optional[Iterable[str]]) -> Tuple[str, ...]:

@@ -1,9 +1,13 @@
 """Start-up calibration of the "auto" cost model on the running cluster.
 
-A short probe (2-6 s on 127.0.0.1) measures, on every worker at once, each
-candidate algorithm (and TF's native all-reduce) at 1 KB and 4 MB, which gives
-its latency and slope; alpha (per message) and beta (per byte on the busiest
-link) are derived from the butterfly and ring lines, gamma from a local add.
+A short probe (4-10 s on 127.0.0.1, much of it tracing) measures, on every
+worker at once, each candidate algorithm (and TF's native all-reduce) at 1 KB,
+1 MB and 4 MB (`auto.PROBE_BYTES`). The candidates take turns and every timed
+call starts right after a barrier, so a worker still finishing the previous
+call does not bill its lag to the next; the minimum of 15 calls (7 from 1 MB)
+is kept (load on a shared machine only adds time; the median ranked candidates
+less reproducibly). Alpha (per message) and beta (per byte on the busiest link) are derived from
+the butterfly and ring lines, gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
 same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,
@@ -32,7 +36,7 @@ from tfdist_ext.collectives import auto, cost
 log = logging.getLogger("tfdist_ext")
 
 DEFAULT_CACHE = "~/.cache/tfdist_ext/calibration.json"
-_SMALL, _LARGE = 256, 1 << 20  # float32 elements: 1 KB and 4 MB
+_SMALL, _LARGE = auto.PROBE_BYTES[0] // 4, auto.PROBE_BYTES[-1] // 4  # float32 elements
 
 
 def cluster_key(cluster_spec, world_size: int, devices) -> str:
@@ -101,6 +105,17 @@ def _per_call_seconds(fn, repeats):
     return times
 
 
+def barrier_fn(cross_ops):
+    """A callable that returns once every worker has called it (None in one process).
+
+    A one-element native all-reduce: timing a collective right after it
+    measures the collective, not how late the other workers arrived.
+    """
+    if cross_ops._group_size == len(cross_ops._devices):  # pylint: disable=protected-access
+        return None
+    return all_reduce_fn(cross_ops, auto.NATIVE, 1, steps=1)
+
+
 def _local_add_seconds(device, num_elements, steps, repeats):
     @tf.function(autograph=False)
     def run():
@@ -135,12 +150,14 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32)
         engine = cross_ops._graph_engine()  # pylint: disable=protected-access
         reduce_fn = lambda x, i: engine.all_reduce(x, i, algorithm)  # noqa: E731
 
+    inputs = []
+    for device in devices:  # made once: each call then times the reductions, not the fill
+        with tf.device(device):
+            inputs.append(tf.ones([num_elements], dtype))
+
     @tf.function(autograph=False)
     def run():
-        xs = []
-        for device in devices:
-            with tf.device(device):
-                xs.append(tf.ones([num_elements], dtype))
+        xs = inputs
         for _ in range(steps):
             xs = [reduce_fn(x, i) for i, x in enumerate(xs)]
         return [x[:1] for x in xs]
@@ -148,27 +165,59 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32)
     return run
 
 
-def time_all_reduce(cross_ops, algorithm, num_elements, steps=4, repeats=5,
-                    dtype=tf.float32):
-    """Seconds per all-reduce of `num_elements` with `algorithm`, one per repeat.
+def time_interleaved(fns, repeats, barrier=None, steps=1):
+    """Seconds per step of each function, `repeats` calls each, taking turns.
 
-    All workers must call this together, in the same order.
+    Args:
+        fns: name -> zero-argument callable (e.g. from `all_reduce_fn`); every
+            worker must pass the same names in the same order.
+        repeats: Timed calls per function (after one untimed warm-up call).
+        barrier: From `barrier_fn`; called before every timed call.
+        steps: Steps each call runs (the times are divided by it).
+
+    Returns:
+        name -> list of `repeats` seconds.
     """
-    run = all_reduce_fn(cross_ops, algorithm, num_elements, steps, dtype)
-    return [t / steps for t in _per_call_seconds(run, repeats)]
+    for fn in fns.values():  # trace and warm up, in the same order everywhere
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if barrier is not None:
+                barrier()
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) / steps)
+    return times
 
 
 def measure(cross_ops, candidates, repeats=7):
-    """Runs the probe on every local replica; returns (alpha, beta, gamma, lines)."""
+    """Runs the probe on every local replica.
+
+    Per probe size, the candidates take turns (interleaved, each timed call
+    right after a barrier), so that load on this machine hits them alike; the
+    minimum of `repeats` calls (2 * repeats + 1 below 1 MB) is kept.
+
+    Returns:
+        (alpha, beta, gamma, lines, points), as in `auto.Calibration`.
+    """
     devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
-    lines = []
+    barrier = barrier_fn(cross_ops)
+    seconds = {name: [] for name in candidates}
     with _quiet_retracing():
-        for name in candidates:
-            # The minimum: interference on a shared machine only ever adds time.
-            small = min(time_all_reduce(cross_ops, name, _SMALL, 8, repeats))
-            large = min(time_all_reduce(cross_ops, name, _LARGE, 2, repeats))
-            slope = max((large - small) / (4 * (_LARGE - _SMALL)), 1e-13)
-            lines.append((name, max(small - slope * 4 * _SMALL, 1e-7), slope))
+        for size in auto.PROBE_BYTES:
+            small = size < (1 << 20)  # cheap and latency-bound: more calls
+            steps = 8 if small else 2
+            fns = {name: all_reduce_fn(cross_ops, name, size // 4, steps)
+                   for name in candidates}
+            times = time_interleaved(fns, 2 * repeats + 1 if small else repeats, barrier, steps)
+            for name in candidates:
+                seconds[name].append(min(times[name]))
+    points = [(name, tuple(seconds[name])) for name in candidates]
+    lines = []
+    for name, (small, *_, large) in points:
+        slope = max((large - small) / (4 * (_LARGE - _SMALL)), 1e-13)
+        lines.append((name, max(small - slope * 4 * _SMALL, 1e-7), slope))
     gamma = _local_add_seconds(devices[0], _LARGE, 5, repeats) / (4 * _LARGE)
     alphas, betas = [], []
     for name, latency, per_byte in lines:
@@ -182,7 +231,7 @@ def measure(cross_ops, candidates, repeats=7):
         betas.append(max((per_byte * 4 * _LARGE - gamma * reduced) / max(link, 1), 1e-13))
     defaults = auto.Calibration.defaults("", world)
     return (float(np.mean(alphas)) if alphas else defaults.alpha,
-            float(np.mean(betas)) if betas else defaults.beta, gamma, lines)
+            float(np.mean(betas)) if betas else defaults.beta, gamma, lines, points)
 
 
 def broadcast_from_chief(cross_ops, values, first_rank):
@@ -220,17 +269,19 @@ def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, 
     world = cross_ops._group_size  # pylint: disable=protected-access
     candidates = tuple(sorted(candidates))
     cached = read_cache(cache_path, key) if (cache_path and first_rank == 0) else None
-    if cached is not None and {line[0] for line in cached.lines} != set(candidates):
-        cached = None  # probed other candidates
+    if cached is not None and ({line[0] for line in cached.lines} != set(candidates)
+                               or {p[0] for p in cached.points} != set(candidates)):
+        cached = None  # probed other candidates, or an older format
+    width = 3 + (2 + len(auto.PROBE_BYTES)) * len(candidates)
     have = broadcast_from_chief(cross_ops, [1.0] + _flatten(cached, candidates)
-                                if cached else [0.0] * (4 + 2 * len(candidates)), first_rank)
+                                if cached else [0.0] * (1 + width), first_rank)
     if have[0]:
         return _unflatten(key, world, have[1:], candidates)
     if not probe:
         return auto.Calibration.defaults(key, world)
     start = time.perf_counter()
-    alpha, beta, gamma, lines = measure(cross_ops, candidates, repeats)
-    mine = auto.Calibration(key, world, alpha, beta, gamma, tuple(lines))
+    alpha, beta, gamma, lines, points = measure(cross_ops, candidates, repeats)
+    mine = auto.Calibration(key, world, alpha, beta, gamma, tuple(lines), tuple(points))
     agreed = broadcast_from_chief(cross_ops, _flatten(mine, candidates), first_rank)
     calibration = _unflatten(key, world, agreed, candidates)
     log.info("tfdist_ext: calibrated all-reduce cost model in %.1f s",
@@ -242,11 +293,15 @@ def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, 
 
 def _flatten(calibration, candidates):
     lines = {line[0]: line[1:] for line in calibration.lines}
+    points = dict(calibration.points)
     return [calibration.alpha, calibration.beta, calibration.gamma] + [
-        v for name in candidates for v in lines[name]]
+        v for name in candidates for v in lines[name] + tuple(points[name])]
 
 
 def _unflatten(key, world, values, candidates):
     alpha, beta, gamma, rest = values[0], values[1], values[2], values[3:]
-    lines = tuple((name, rest[2 * i], rest[2 * i + 1]) for i, name in enumerate(candidates))
-    return auto.Calibration(key, world, alpha, beta, gamma, lines)
+    width = 2 + len(auto.PROBE_BYTES)
+    rows = [rest[width * i:width * (i + 1)] for i in range(len(candidates))]
+    lines = tuple((name, row[0], row[1]) for name, row in zip(candidates, rows))
+    points = tuple((name, tuple(row[2:])) for name, row in zip(candidates, rows))
+    return auto.Calibration(key, world, alpha, beta, gamma, lines, points)
