@@ -76,7 +76,8 @@ def measure_size(tf, ops, n, args, threads):
     dense = 4 * n
     k = ops.k_for_ratio(n, args.ratio)
     sparse_payload = 8 * k  # float32 value + int32 index
-    qsgd_bytes = ops.packed_size(n, ops.qsgd_bits(QSGD_LEVELS)) + 4
+    qsgd_bytes = (ops.packed_size(n, ops.qsgd_bits(QSGD_LEVELS))
+                  + 4 * ops.qsgd_num_buckets(n, 512))  # the op's default buckets of 512
     q_norm, q_packed = ops.qsgd_encode(x, QSGD_LEVELS, 0)
     t_scale, t_packed = ops.terngrad_encode(x, 0)
     s_scale, s_packed = ops.sign_encode(x)
@@ -92,6 +93,8 @@ def measure_size(tf, ops, n, args, threads):
          "tf.math.top_k"),
         ("quantize", copy, lambda: x + 0.0, dense, None),
         ("quantize", "qsgd_encode", lambda: ops.qsgd_encode(x, QSGD_LEVELS, 3), qsgd_bytes, copy),
+        ("quantize", "qsgd_encode_max", lambda: ops.qsgd_encode(x, QSGD_LEVELS, 3, norm="max"),
+         qsgd_bytes, copy),
         ("quantize", "qsgd_decode", lambda: ops.qsgd_decode(q_norm, q_packed, n, QSGD_LEVELS),
          qsgd_bytes, copy),
         ("quantize", "terngrad_encode", lambda: ops.terngrad_encode(x, 3),

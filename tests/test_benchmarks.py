@@ -40,3 +40,18 @@ def test_bucketing_benchmark_tiny(tmp_path):
     rows = {row["planner"]: row for row in data["summary"]}
     assert set(rows) == {"none", "mgwfbp"}
     assert rows["none"]["vs_none"] == 1.0 and rows["mgwfbp"]["step_ms_median"] > 0
+
+
+@pytest.mark.multiworker
+def test_compression_accuracy_benchmark_tiny(tmp_path):
+    out = tmp_path / "c.json"
+    stdout = _run("compression_accuracy.py", "--workers", "2", "--seeds", "0", "--configs",
+                  "dense,topk_dgc", "--epochs", "1", "--json", str(out))
+    assert "vs dense" in stdout
+    data = json.loads(out.read_text())
+    assert [r["config"] for r in data["runs"]] == ["dense", "topk_dgc"]
+    summary = data["summary"]
+    assert summary["dense"]["points_vs_dense"] == 0.0
+    assert summary["dense"]["compression_ratio"] == 1.0
+    assert summary["topk_dgc"]["compression_ratio"] > 20
+    assert 0 < summary["topk_dgc"]["accuracy_mean"] <= 1

@@ -4,9 +4,11 @@ A short probe (4-10 s on 127.0.0.1, much of it tracing) measures, on every
 worker at once, each candidate algorithm (and TF's native all-reduce) at 1 KB,
 1 MB and 4 MB (`auto.PROBE_BYTES`). The candidates take turns and every timed
 call starts right after a barrier, so a worker still finishing the previous
-call does not bill its lag to the next; the minimum of 15 calls (7 from 1 MB)
-is kept (load on a shared machine only adds time; the median ranked candidates
-less reproducibly). Alpha (per message) and beta (per byte on the busiest link) are derived from
+call does not bill its lag to the next. Below 1 MB the median of 15 calls is
+kept: the minimum favoured algorithms with many sequential messages
+(round_robin on 4 workers: best minimum, 1.18x the best median). From 1 MB,
+where calls are costly, the minimum of 7 (load only adds time; a median of so
+few ranked candidates less reproducibly). Alpha (per message) and beta (per byte on the busiest link) are derived from
 the butterfly and ring lines, gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
@@ -195,8 +197,9 @@ def measure(cross_ops, candidates, repeats=7):
     """Runs the probe on every local replica.
 
     Per probe size, the candidates take turns (interleaved, each timed call
-    right after a barrier), so that load on this machine hits them alike; the
-    minimum of `repeats` calls (2 * repeats + 1 below 1 MB) is kept.
+    right after a barrier), so that load on this machine hits them alike.
+    Below 1 MB the median of 2 * repeats + 1 calls is kept, from 1 MB the
+    minimum of `repeats`.
 
     Returns:
         (alpha, beta, gamma, lines, points), as in `auto.Calibration`.
@@ -212,7 +215,8 @@ def measure(cross_ops, candidates, repeats=7):
                    for name in candidates}
             times = time_interleaved(fns, 2 * repeats + 1 if small else repeats, barrier, steps)
             for name in candidates:
-                seconds[name].append(min(times[name]))
+                seconds[name].append(float(np.median(times[name])) if small
+                                     else min(times[name]))
     points = [(name, tuple(seconds[name])) for name in candidates]
     lines = []
     for name, (small, *_, large) in points:

@@ -97,17 +97,9 @@ class TopKApprox(SparseCompressor):
             (0, 1]. Defaults to 0.01 (DGC uses 0.001-0.01).
         error_feedback: Keep the unsent remainder. Defaults to True.
         warmup_steps: Dense steps before compression starts. Defaults to 0.
-        momentum: DGC momentum correction with this momentum (e.g. 0.9) when
-            > 0: the momentum is accumulated before compression, so what
-            error feedback delays is the velocity. Give the optimizer no
-            momentum of its own (`fit` refuses `keras.optimizers.SGD` with
-            momentum). Defaults to 0 (off).
-        momentum_masking: DGC's momentum factor masking: a value's momentum
-            restarts once it is sent. Values sent at every step then move as
-            in plain SGD, so use a learning rate 2-5x the momentum-SGD one it
-            replaces (mnist1d, 2 workers: 3x, see the README). False keeps the
-            momentum (the dense limit is momentum SGD at the same rate); on
-            mnist1d that trained worse than masking at a raised rate.
+        momentum: DGC momentum correction when > 0, as in `TopK`. Defaults
+            to 0 (off).
+        momentum_masking: DGC's momentum factor masking, as in `TopK`.
             Defaults to True.
     """
 
