@@ -8,8 +8,8 @@
 one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
 cost model's choice, measured as its own row) run side by side in one job.
 Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
-each chaining `--steps` all-reduces and starting right after a barrier); algbw = bytes / time and busbw = algbw *
-2(p-1)/p as in nccl-tests. The chief's measurements are reported.
+each chaining `--steps` all-reduces and starting right after a barrier);
+algbw = bytes / time and busbw = algbw * 2(p-1)/p as in nccl-tests. The chief's measurements are reported.
 """
 
 import argparse
@@ -67,8 +67,6 @@ def run(args):
     names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
              else tuple(args.algorithms.split(",")))
     barrier = calibration.barrier_fn(cross_ops)
-    if barrier is not None:
-        barrier()  # trace it
     records = []
     for size in [options.parse_size(s) for s in args.sizes.split(",")]:
         elements = max(size // 4, 1)

@@ -1,7 +1,9 @@
 """What a strategy remembers between steps, as tracked variables.
 
 Per replica: a step counter (seeds and warm-up follow it) and the
-error-feedback residual of every compressed buffer; per worker: byte counters.
+error-feedback residual of every compressed buffer (and, with DGC momentum
+correction, its velocity, under the key `<buffer>_velocity`); per worker: byte
+counters.
 `Strategy.state` is a `tf.Module`, so a `tf.train.Checkpoint(model=model,
 optimizer=optimizer, tfdist=strategy.state)` saves and restores all of it
 (residuals created after `restore()` are filled in by TF's deferred

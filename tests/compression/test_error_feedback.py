@@ -117,7 +117,7 @@ def reference_dgc(c, grads, n):
         seed = c.replica_seed(compression.fold_seed(1234, step), 0)
         k = c.k(n)
         if isinstance(c, RandomK):
-            indices = RandomK(ratio=c.ratio)._indices(n, seed).numpy()  # pylint: disable=protected-access
+            indices = c._indices(n, seed).numpy()  # pylint: disable=protected-access
         else:
             indices = np.argsort(-np.abs(v), kind="stable")[:k]
         sent = np.zeros(n)

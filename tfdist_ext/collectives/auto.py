@@ -2,12 +2,12 @@
 
 Each candidate's time is measured on the running cluster at the sizes in
 `PROBE_BYTES` (see `calibration.py`) and interpolated piecewise linearly in
-bytes between them (`interpolate`). A single
-straight line through 1 KB and 4 MB mispredicted the middle: on 2 workers
-tree was the fastest at 1 MB and one of the slowest at 16 MB, and the line
-picked ring at 1 MB, 1.16x slower. Probing 16 MB as well cost 5-15 s more
-and, with the few calls affordable there, was noisier than extrapolating. Curves per algorithm, rather than one alpha-beta-gamma model
-for all schedules, because the schedule model's "busiest link" is wrong when
+bytes between them (`interpolate`). A single straight line through 1 KB and
+4 MB mispredicted the middle: on 2 workers tree was the fastest at 1 MB and
+one of the slowest at 16 MB, and the line picked ring at 1 MB, 1.16x slower.
+Probing 16 MB as well cost 5-15 s more and, with the few calls affordable
+there, was noisier than extrapolating. Curves per algorithm, rather than one
+alpha-beta-gamma model for all schedules, because the schedule model's "busiest link" is wrong when
 replicas share cores and memory (logical replicas in one process: measured
 1.9x off at 1 MB); the alpha-beta-gamma constants derived from the same probe
 still model any algorithm that was not probed (`cost.predict` on its schedule)

@@ -8,8 +8,9 @@ call does not bill its lag to the next. Below 1 MB the median of 15 calls is
 kept: the minimum favoured algorithms with many sequential messages
 (round_robin on 4 workers: best minimum, 1.18x the best median). From 1 MB,
 where calls are costly, the minimum of 7 (load only adds time; a median of so
-few ranked candidates less reproducibly). Alpha (per message) and beta (per byte on the busiest link) are derived from
-the butterfly and ring lines, gamma from a local add.
+few ranked candidates less reproducibly). Alpha (per message) and beta (per
+byte on the busiest link) are derived from the butterfly and ring lines,
+gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
 same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,
@@ -209,13 +210,13 @@ def measure(cross_ops, candidates, repeats=7):
     seconds = {name: [] for name in candidates}
     with _quiet_retracing():
         for size in auto.PROBE_BYTES:
-            small = size < (1 << 20)  # cheap and latency-bound: more calls
-            steps = 8 if small else 2
+            cheap = size < (1 << 20)  # latency-bound: more calls, and their median
+            steps = 8 if cheap else 2
             fns = {name: all_reduce_fn(cross_ops, name, size // 4, steps)
                    for name in candidates}
-            times = time_interleaved(fns, 2 * repeats + 1 if small else repeats, barrier, steps)
+            times = time_interleaved(fns, 2 * repeats + 1 if cheap else repeats, barrier, steps)
             for name in candidates:
-                seconds[name].append(float(np.median(times[name])) if small
+                seconds[name].append(float(np.median(times[name])) if cheap
                                      else min(times[name]))
     points = [(name, tuple(seconds[name])) for name in candidates]
     lines = []

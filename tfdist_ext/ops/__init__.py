@@ -38,6 +38,6 @@ def build_info():
 __all__ = [
     "OpsUnavailableError", "build_info", "build_problem", "int8_decode", "int8_encode",
     "k_for_ratio", "load", "pack_bits", "packed_size", "qsgd_bits", "qsgd_decode",
-    "qsgd_encode", "qsgd_num_buckets", "random_k", "sign_decode", "sign_encode", "sparse_to_dense",
-    "terngrad_decode", "terngrad_encode", "top_k", "top_k_approx", "unpack_bits",
+    "qsgd_encode", "qsgd_num_buckets", "random_k", "sign_decode", "sign_encode",
+    "sparse_to_dense", "terngrad_decode", "terngrad_encode", "top_k", "top_k_approx", "unpack_bits",
 ]
