@@ -6,7 +6,8 @@
 `--workers N` re-launches this script on N worker processes through tfdist-run
 (TF_CONFIG, gRPC over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
 one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
-cost model's choice, measured as its own row) run side by side in one job.
+cost model's choice, refined by timing its close candidates at that size as in
+training, then measured as its own row) run side by side in one job.
 Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
 each chaining `--steps` all-reduces and starting right after a barrier);
 algbw = bytes / time and busbw = algbw * 2(p-1)/p as in nccl-tests. The chief's measurements are reported.
@@ -71,8 +72,11 @@ def run(args):
     for size in [options.parse_size(s) for s in args.sizes.split(",")]:
         elements = max(size // 4, 1)
         steps = args.steps or (8 if size < (1 << 20) else 2)
-        chosen = {name: (auto.choose(cross_ops.calibration, 4 * elements)
-                         if name == "auto" else name) for name in names}
+        # "auto" decides as in training: the model, then timing its close candidates
+        # at this size (collectives.refine) before the benchmark's own timing.
+        chosen = {name: (cross_ops.select_algorithm(4 * elements) if name == "auto" else name)
+                  for name in names}
+        refined = {d["bytes"]: d for d in strategy.allreduce_refinements}.get(4 * elements)
         fns = {name: calibration.all_reduce_fn(cross_ops, chosen[name], elements, steps)
                for name in names}
         seconds = calibration.time_interleaved(fns, args.repeat, barrier, steps)
@@ -86,6 +90,9 @@ def run(args):
                 "algbw_GBps": algbw,
                 "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
                 "modelled_ms": 1e3 * cross_ops.calibration.predict(chosen[name], 4 * elements)})
+            if name == "auto":
+                records[-1]["model_choice"] = auto.choose(cross_ops.calibration, 4 * elements)
+                records[-1]["refined_ms"] = refined["ms"] if refined else {}
             if is_chief:
                 r = records[-1]
                 print(f"{r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "

@@ -11,7 +11,7 @@ Routing (`_all_reduce`):
     * ``allreduce="native"`` for every size: TF's own path, unchanged.
     * otherwise dense tensors are fused into flat buffers per dtype
       (`collectives.fusion`), and each buffer goes to the algorithm
-      `_select_algorithm(num_bytes)` picks: "native" buffers to TF's
+      `select_algorithm(num_bytes)` picks: "native" buffers to TF's
       CollectiveReduceV2 ring, any other name to the graph engine
       (`collectives.engine`), which runs that algorithm's schedule.
     * IndexedSlices, tensors without a static shape and dtypes the engine does
@@ -22,8 +22,10 @@ Routing (`_all_reduce`):
     * MEAN divides the sum by the global replica count at the end exactly as
       TF's native path does (``value / group_size``): integer tensors become
       float64 means, not floor divisions.
-    * "auto" buffers go to the algorithm `collectives.auto.choose` picks from the
-      calibration the strategy measured at start-up (identical on all workers).
+    * "auto" buffers go to the algorithm `collectives.refine.Refiner` picks:
+      the calibrated model's choice, or, where the model finds candidates
+      close, the fastest of them timed at that buffer size (the chief's
+      timings, so identical on all workers).
 
 Gradient reductions (the batched all-reduce an optimizer issues, which reaches
 `batch_reduce_implementation`) are also where compression applies and where
@@ -74,6 +76,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._engine = None
         self._state = None
         self.calibration = None  # set by the strategy when "auto" is used
+        self.refiner = None      # likewise
         self._gradient_reduction = False
         self._dense_only = False
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
@@ -101,13 +104,22 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def first_rank(self) -> int:
         return self._worker_index * len(self._devices)
 
-    def _select_algorithm(self, num_bytes: int, itemsize: int = 4) -> str:
-        """The one place an algorithm is chosen per fused buffer (same on every worker)."""
+    def select_algorithm(self, num_bytes: int, itemsize: int = 4, reduced: bool = True) -> str:
+        """The one place an algorithm is chosen per fused buffer (same on every worker).
+
+        Args:
+            num_bytes: Size of the buffer.
+            itemsize: Bytes per element.
+            reduced: False when no buffer of this size is reduced (a plan's
+                total): "auto" then answers from its model and times nothing.
+        """
         name = self.config.allreduce.algorithm_for(num_bytes)
         if name == "auto":
             if self.calibration is None:
                 raise RuntimeError("allreduce='auto' needs the strategy's calibration; "
                                    "create the strategy with tfdist_ext.Strategy(...).")
+            if self.refiner is not None and reduced:
+                return self.refiner.choose(num_bytes, itemsize)
             return auto.choose(self.calibration, num_bytes, itemsize,
                                self.config.allreduce.candidates)
         return name
@@ -155,10 +167,14 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
 
     def _graph_engine(self):
         if self._engine is None:
-            self._engine = engine_lib.GraphEngine(
-                self._devices, self._group_size, self._worker_index * len(self._devices),
-                self._pair_group_key_base, timeout_seconds=self._options.timeout_seconds)
+            self._engine = self.new_graph_engine()
         return self._engine
+
+    def new_graph_engine(self, first_instance_key=0):
+        """A `GraphEngine` over this strategy's pair groups (see its arguments)."""
+        return engine_lib.GraphEngine(
+            self._devices, self._group_size, self.first_rank, self._pair_group_key_base,
+            timeout_seconds=self._options.timeout_seconds, first_instance_key=first_instance_key)
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         if self._native_only:
@@ -224,8 +240,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         Its ops are in the name scope ``tfdist/<algorithm>/<bucket>/``, which
         profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
         """
-        name = self._select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
-                                      buffer.dtype.size)
+        name = self.select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
+                                     buffer.dtype.size)
         if self._group_size == 1:
             return buffer
         with tf.name_scope(f"tfdist/{name}/{bucket}/"):
@@ -244,16 +260,18 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         compressor = self.config.compression
         n, dtype = buffer.shape.num_elements(), buffer.dtype
         bucket_name, key = key, f"{key}_{dtype.name}_{n}"
-        dense = self._wire_bytes(self._select_algorithm(n * dtype.size, dtype.size), n,
-                                 dtype.size, replica_id)
+        uncompressed = isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES
+        algorithm = self.select_algorithm(n * dtype.size, dtype.size,
+                                          reduced=uncompressed or compressor.warmup_steps > 0)
+        dense = self._wire_bytes(algorithm, n, dtype.size, replica_id)
         counts[1] += dense
-        if isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES:
+        if uncompressed:
             sent = dense
         elif compressor.reducible:
             sent = 0
             for spec in compressor.payload_spec(n, dtype):
                 length = spec.shape.num_elements()
-                algorithm = self._select_algorithm(length * spec.dtype.size, spec.dtype.size)
+                algorithm = self.select_algorithm(length * spec.dtype.size, spec.dtype.size)
                 sent += self._wire_bytes(algorithm, length, spec.dtype.size, replica_id)
         else:
             sent = transport.wire_bytes_gather(compressor.payload_bytes(n, dtype),
@@ -306,7 +324,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def _plan_buckets(self, sizes, itemsize):
         """Buckets (backward order) of one dtype's gradients; remembers the plan."""
         planner = self.config.bucketing
-        algorithm = self._select_algorithm(sum(sizes), itemsize)
+        algorithm = self.select_algorithm(sum(sizes), itemsize, reduced=False)
         alpha, beta = self.link_constants(algorithm)
         self.plan_inputs = (tuple(sizes), alpha, beta)
         times = getattr(planner, "backward_times", None)
@@ -325,7 +343,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             buckets = self.plan_override
         self.bucket_plan = tuple(
             {"bytes": sum(sizes[i] for i in bucket), "gradients": len(bucket),
-             "algorithm": self._select_algorithm(sum(sizes[i] for i in bucket), itemsize)}
+             "algorithm": self.select_algorithm(sum(sizes[i] for i in bucket), itemsize)}
             for bucket in buckets)
         return buckets
 

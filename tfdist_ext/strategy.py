@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing, cluster, compression, sync
-from tfdist_ext.collectives import auto, calibration
+from tfdist_ext.collectives import auto, calibration, refine
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
@@ -211,6 +211,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             cache_path=options.calibration_cache, probe=options.calibrate)
         if "auto" not in options.algorithms:
             return
+        cross_ops.refiner = refine.Refiner(
+            cross_ops, cross_ops.calibration, options.candidates,
+            cache_path=options.calibration_cache, timing=options.calibrate and options.refine)
         self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
                                                        candidates=options.candidates)
         if cross_ops.first_rank == 0:
@@ -221,6 +224,15 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def calibration(self):
         """The `collectives.auto.Calibration` "auto" uses (None without "auto")."""
         return self._cross_ops.calibration
+
+    @property
+    def allreduce_refinements(self):
+        """What "auto" timed at the model's buffer sizes: a list of dicts with
+        "bytes", "candidates", "choice", "model" (the model's choice), "source"
+        ("timed", "cache" or "model ...") and "ms" (the chief's times). Empty
+        without "auto" or before the first reduction is traced."""
+        refiner = self._cross_ops.refiner
+        return [dict(d) for _, d in sorted(refiner.decisions.items())] if refiner else []
 
     @property
     def state(self):

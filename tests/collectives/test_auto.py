@@ -11,6 +11,8 @@ import pytest
 import tfdist_ext
 from tfdist_ext.collectives import auto, calibration
 
+import refine_cases  # noqa: E402  (tests/collectives is on sys.path: rootdir-less test dirs)
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
@@ -54,6 +56,65 @@ def test_choice_follows_the_model():
     for row in rows:
         assert row["choice"] == min(row["modelled_ms"], key=row["modelled_ms"].get)
     assert "choice" in auto.format_table(cal, rows)
+
+
+def test_shortlist_keeps_the_close_candidates_best_first():
+    cal = _calibration(points=(("tree", (1e-4, 1e-3, 4e-3)), ("ring", (3e-4, 1.2e-3, 4e-3)),
+                               ("native", (2e-4, 1.4e-3, 3e-3)),
+                               ("butterfly", (1e-4, 1.6e-3, 5e-3))),
+                       lines=())
+    names = ["butterfly", "native", "ring", "tree"]
+    assert auto.shortlist(cal, 1 << 10, candidates=names) == ("butterfly", "tree")  # native 2x
+    assert auto.shortlist(cal, 1 << 20, candidates=names) == ("tree", "ring", "native")
+    assert auto.shortlist(cal, 1 << 20, candidates=names, margin=1.1) == ("tree",)
+    assert auto.shortlist(cal, 1 << 20, candidates=names, limit=2) == ("tree", "ring")
+    for size in (1 << 10, 1 << 20, 1 << 22, 3 << 20):
+        assert auto.shortlist(cal, size, candidates=names)[0] == auto.choose(
+            cal, size, candidates=names)
+    assert auto.shortlist(_calibration(world_size=1), 1 << 20) == ("native",)
+    assert auto.size_class(4000) == auto.size_class(4004) == 24
+    assert auto.size_class(1 << 20) == 40 != auto.size_class(3 << 19)
+    assert auto.size_class(0) == auto.size_class(1) == 0
+
+
+def test_refinement_times_close_candidates_at_the_real_size_and_caches(tmp_path):
+    cache = tmp_path / "cal.json"
+    strategy = tfdist_ext.Strategy(num_replicas=3, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    assert strategy.allreduce_refinements == []
+    refine_cases.tie_refiner(strategy, str(cache))
+    sums, ops = refine_cases.reduce_sizes(strategy)
+    assert refine_cases.problems(strategy, sums, ops) == []
+    decisions = strategy.allreduce_refinements
+    assert [d["source"] for d in decisions] == ["timed", "timed"]
+    for d in decisions:
+        assert set(d["ms"]) == set(refine_cases.NAMES) and min(d["ms"].values()) > 0
+        assert d["model"] == "butterfly"  # ties go to the first name
+    cached = json.loads(cache.read_text())["refined"]
+    assert cached == {str(auto.size_class(d["bytes"])): d["choice"] for d in decisions}
+
+    again = tfdist_ext.Strategy(num_replicas=3, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    refine_cases.tie_refiner(again, str(cache))
+    sums, ops = refine_cases.reduce_sizes(again)
+    assert refine_cases.problems(again, sums, ops) == []
+    assert [(d["source"], d["choice"]) for d in again.allreduce_refinements] == [
+        ("cache", d["choice"]) for d in decisions]
+
+    limited = tfdist_ext.Strategy(num_replicas=2, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    refine_cases.tie_refiner(limited, max_classes=1)
+    sums, ops = refine_cases.reduce_sizes(limited)
+    assert refine_cases.problems(limited, sums, ops) == []
+    sources = {d["source"]: d["choice"] for d in limited.allreduce_refinements}
+    assert sorted(sources) == ["model (max_classes reached)", "timed"]
+    assert sources["model (max_classes reached)"] == "butterfly"
+
+    untimed = tfdist_ext.Strategy(num_replicas=2, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    refine_cases.tie_refiner(untimed, timing=False)
+    sums, _ = refine_cases.reduce_sizes(untimed)
+    assert all(s[0] == 3 for s in sums) and untimed.allreduce_refinements == []
 
 
 def test_cache_round_trip_and_other_clusters_are_ignored(tmp_path):
@@ -121,6 +182,7 @@ def test_size_ranges_may_delegate_to_auto_and_skipping_calibration_uses_defaults
     ({"name": "auto", "candidates": ["ring", "rign"]}, r"Unknown candidates algorithm 'rign'"),
     ({"name": "auto", "candidates": ["auto"]}, r"cannot contain 'auto' itself"),
     ({"name": "auto", "calibrate": "yes"}, r"Argument `calibrate` must be True or False"),
+    ({"name": "auto", "refine": 1}, r"Argument `refine` must be True or False; received 1"),
 ])
 def test_bad_auto_options(options, message):
     with pytest.raises(ValueError, match=message):

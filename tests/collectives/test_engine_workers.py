@@ -2,7 +2,9 @@
 
 One launch per world size checks every algorithm x dtype x size x SUM/MEAN
 against numpy (tests/workers/engine_checks.py); the 2-worker launch also runs
-Keras `fit` with each algorithm and compares the weights with "native".
+Keras `fit` with each algorithm and "auto" and compares the weights with
+"native", and checks that "auto"'s refinement gives every worker the chief's
+timings and choices.
 """
 
 import numpy as np
@@ -28,13 +30,19 @@ def test_every_algorithm_reduces_across_workers(tmp_path, num_workers):
         assert len({r["sha"] for r in per_worker}) == 1, f"{name}: workers differ"
 
 
-def test_fit_with_every_algorithm_ends_where_native_ends(tmp_path):
+def test_fit_with_every_algorithm_ends_where_native_ends_and_auto_refines_alike(tmp_path):
     code, out, _ = launch(2, [CHECKS, tmp_path, "--fit"], timeout=240)
     assert code == 0, out[-3000:]
     results = read_worker_json(tmp_path, 2)
     native = results[0]["fit"]["native"]
     assert native["loss"][-1] < native["loss"][0]
-    for name in collectives.ALGORITHMS.names():
+    for name in collectives.ALGORITHMS.names() + ["auto"]:
         assert len({r["fit"][name]["sha"] for r in results}) == 1, name
         np.testing.assert_allclose(results[0]["fit"][name]["weights"], native["weights"],
                                    rtol=1e-5, atol=1e-6, err_msg=name)
+    # Every worker took the chief's timings, hence the same choices.
+    assert results[0]["fit"]["auto"]["refinements"] == results[1]["fit"]["auto"]["refinements"]
+    for r in results:
+        assert r["refine"]["problems"] == [], r["refine"]
+        assert [d["source"] for d in r["refine"]["decisions"]] == ["timed", "timed"]
+    assert results[0]["refine"]["decisions"] == results[1]["refine"]["decisions"]

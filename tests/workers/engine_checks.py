@@ -5,8 +5,10 @@
 For every graph-engine algorithm, one `tfdist_ext.Strategy(allreduce=name)`
 reduces every dtype x size (tests/collectives/engine_cases.py) across the
 worker processes; inputs are seeded by rank, so each worker checks the result
-against numpy itself. With --fit, Keras `fit` runs once per algorithm and once
-with "native", and the final weights are recorded. Writes OUT_DIR/w<index>.json.
+against numpy itself. With --fit, Keras `fit` runs once per algorithm, once
+with "auto" and once with "native", and the final weights are recorded; and
+"auto" refines a model that ties three candidates (tests/collectives/
+refine_cases.py), recording its timings. Writes OUT_DIR/w<index>.json.
 """
 
 import hashlib
@@ -21,6 +23,7 @@ import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "collectives"))
 import engine_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
+import refine_cases  # noqa: E402  pylint: disable=wrong-import-position
 
 import tfdist_ext  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist_ext import collectives  # noqa: E402  pylint: disable=wrong-import-position
@@ -42,8 +45,20 @@ def check_reductions(name, num_workers, index):
     return {"rank": index, "problems": problems, "collectives": len(ops), "sha": digest}
 
 
+def check_refinement():
+    strategy = tfdist_ext.Strategy(allreduce={"name": "auto", "calibrate": False,
+                                              "calibration_cache": None})
+    refine_cases.tie_refiner(strategy)
+    sums, ops = refine_cases.reduce_sizes(strategy)
+    return {"problems": refine_cases.problems(strategy, sums, ops),
+            "decisions": strategy.allreduce_refinements}
+
+
 def fit(name):
-    strategy = tfdist_ext.Strategy(allreduce=name)
+    if name == "auto":  # probe and refine; no cache, so every run measures
+        strategy = tfdist_ext.Strategy(allreduce={"name": "auto", "calibration_cache": None})
+    else:
+        strategy = tfdist_ext.Strategy(allreduce=name)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(192, 5)).astype("float32")
     y = (x @ rng.normal(size=(5, 1))).astype("float32")
@@ -56,7 +71,8 @@ def fit(name):
     history = model.fit(dataset, epochs=3, verbose=0)
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     return {"loss": history.history["loss"], "weights": weights.tolist(),
-            "sha": hashlib.sha256(weights.tobytes()).hexdigest()}
+            "sha": hashlib.sha256(weights.tobytes()).hexdigest(),
+            "refinements": strategy.allreduce_refinements}
 
 
 def main(out_dir, *flags):
@@ -70,7 +86,8 @@ def main(out_dir, *flags):
         # "native" last: a strategy whose variables are created after a
         # native-path fit in the same process hung in TF's variable-init
         # broadcast (seen with 2 workers, TF 2.21); the reverse order works.
-        results["fit"] = {name: fit(name) for name in names + ["native"]}
+        results["refine"] = check_refinement()
+        results["fit"] = {name: fit(name) for name in names + ["auto", "native"]}
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
 

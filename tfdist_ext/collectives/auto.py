@@ -13,12 +13,19 @@ replicas share cores and memory (logical replicas in one process: measured
 still model any algorithm that was not probed (`cost.predict` on its schedule)
 and are logged for comparison.
 
+The model then only shortlists: at the sizes a model really reduces, the
+candidates modelled within `REFINE_MARGIN` of the best are timed once more on a
+buffer of that size (`refine.Refiner`), because on this 2-core machine the best
+two or three are often within 5% of each other and a probe at other sizes
+cannot rank them (2 workers, 1 MB: the model's choice measured 1.20x the best).
+
 Every worker must decide identically, so decisions are a pure function of a
-`Calibration` that the chief measured and broadcast. Ties go to the
-alphabetically first name.
+`Calibration` that the chief measured and broadcast (and, when refined, of the
+chief's timings). Ties go to the alphabetically first name.
 """
 
 import dataclasses
+import math
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from tfdist_ext.collectives.cost import CostModel, predict
@@ -27,6 +34,8 @@ from tfdist_ext.collectives.schedule import ALGORITHMS
 NATIVE = "native"
 TABLE_SIZES = tuple(1 << s for s in range(10, 27, 2))  # 1 KB .. 64 MB
 PROBE_BYTES = (1 << 10, 1 << 20, 1 << 22)  # 1 KB, 1 MB, 4 MB
+REFINE_MARGIN = 1.5  # time again every candidate modelled within 1.5x of the best ...
+REFINE_LIMIT = 3     # ... but at most the 3 best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +127,27 @@ def choose(calibration: Calibration, num_bytes: int, itemsize: int = 4,
         return NATIVE
     return min((calibration.predict(name, num_bytes, itemsize), name)
                for name in candidates_or_all(candidates))[1]
+
+
+def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
+              candidates: Optional[Sequence[str]] = None, margin: float = REFINE_MARGIN,
+              limit: int = REFINE_LIMIT) -> Tuple[str, ...]:
+    """The candidates worth timing at `num_bytes`, best modelled first.
+
+    Those modelled within `margin` times the best, at most `limit` of them;
+    the first is `choose`'s answer. The model was off by up to 1.5x at single
+    sizes (4 replicas, 16 MB, before the steepest-segment rule), hence 1.5.
+    """
+    if calibration.world_size == 1:
+        return (NATIVE,)
+    ranked = sorted((calibration.predict(name, num_bytes, itemsize), name)
+                    for name in candidates_or_all(candidates))
+    return tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
+
+
+def size_class(num_bytes: int) -> int:
+    """Buffers in the same half-octave share one refined decision: round(2 log2 bytes)."""
+    return round(2 * math.log2(max(num_bytes, 1)))
 
 
 def decision_table(calibration: Calibration, sizes: Sequence[int] = TABLE_SIZES,

@@ -74,12 +74,27 @@ def read_cache(path, key):
     return calibration
 
 
-def write_cache(path, calibration):
+def read_refined(path, key):
+    """The cached refined choices for cluster `key` ({size class: algorithm}), or {}."""
+    path = pathlib.Path(os.path.expanduser(path))
+    try:
+        data = json.loads(path.read_text())
+        if data["calibration"]["cluster_key"] != key:
+            return {}
+        return {int(size_class): str(name)
+                for size_class, name in data.get("refined", {}).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # read_cache has warned about it
+
+
+def write_cache(path, calibration, refined=None):
+    """Writes `calibration` and its refined choices ({size class: algorithm})."""
     path = pathlib.Path(os.path.expanduser(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"calibration": calibration.__dict__,
+                                   "refined": {str(k): v for k, v in (refined or {}).items()},
                                    "written": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
         tmp.replace(path)
     except OSError as err:
@@ -139,18 +154,19 @@ def _native_reduce(cross_ops):
     return reduce_fn
 
 
-def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32):
+def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32, engine=None):
     """A tf.function running `steps` chained all-reduces on every local replica.
 
     Args:
         cross_ops: The strategy's `CrossDeviceOps`.
         algorithm: "native" or a graph-engine algorithm name.
+        engine: The `GraphEngine` to build with; defaults to the strategy's.
     """
     devices = cross_ops._devices  # pylint: disable=protected-access
     if algorithm == auto.NATIVE:
         reduce_fn = _native_reduce(cross_ops)
     else:
-        engine = cross_ops._graph_engine()  # pylint: disable=protected-access
+        engine = engine or cross_ops._graph_engine()  # pylint: disable=protected-access
         reduce_fn = lambda x, i: engine.all_reduce(x, i, algorithm)  # noqa: E731
 
     inputs = []
@@ -194,13 +210,31 @@ def time_interleaved(fns, repeats, barrier=None, steps=1):
     return times
 
 
-def measure(cross_ops, candidates, repeats=7):
-    """Runs the probe on every local replica.
+def time_candidates(cross_ops, names, num_bytes, repeats=7, barrier=None, median=False,
+                    engine=None):
+    """Seconds per all-reduce of each of `names` on a float32 buffer of `num_bytes`.
 
-    Per probe size, the candidates take turns (interleaved, each timed call
-    right after a barrier), so that load on this machine hits them alike.
-    Below 1 MB the median of 2 * repeats + 1 calls is kept, from 1 MB the
-    minimum of `repeats`.
+    The candidates take turns (interleaved, each timed call right after
+    `barrier`), so that load on this machine hits them alike. Below 1 MB, 8
+    all-reduces per call and the median of 2 * repeats + 1 calls; from 1 MB,
+    2 per call and the minimum of `repeats` (the probe's cheaper rule), or
+    with `median` the median of 2 * repeats + 1 calls as below 1 MB. Every
+    worker must call it with the same arguments; each gets its own times.
+    """
+    cheap = num_bytes < (1 << 20)  # latency-bound: more calls, and their median
+    steps = 8 if cheap else 2
+    median = median or cheap
+    with _quiet_retracing():
+        fns = {name: all_reduce_fn(cross_ops, name, max(num_bytes // 4, 1), steps,
+                                   engine=engine)
+               for name in names}
+        times = time_interleaved(fns, 2 * repeats + 1 if median else repeats, barrier, steps)
+    return {name: float(np.median(times[name])) if median else min(times[name])
+            for name in names}
+
+
+def measure(cross_ops, candidates, repeats=7):
+    """Runs the probe on every local replica (`time_candidates` at each probe size).
 
     Returns:
         (alpha, beta, gamma, lines, points), as in `auto.Calibration`.
@@ -208,16 +242,10 @@ def measure(cross_ops, candidates, repeats=7):
     devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
     barrier = barrier_fn(cross_ops)
     seconds = {name: [] for name in candidates}
-    with _quiet_retracing():
-        for size in auto.PROBE_BYTES:
-            cheap = size < (1 << 20)  # latency-bound: more calls, and their median
-            steps = 8 if cheap else 2
-            fns = {name: all_reduce_fn(cross_ops, name, size // 4, steps)
-                   for name in candidates}
-            times = time_interleaved(fns, 2 * repeats + 1 if cheap else repeats, barrier, steps)
-            for name in candidates:
-                seconds[name].append(float(np.median(times[name])) if cheap
-                                     else min(times[name]))
+    for size in auto.PROBE_BYTES:
+        for name, measured in time_candidates(cross_ops, candidates, size, repeats,
+                                              barrier).items():
+            seconds[name].append(measured)
     points = [(name, tuple(seconds[name])) for name in candidates]
     lines = []
     for name, (small, *_, large) in points:

@@ -31,6 +31,12 @@ from tfdist_ext.collectives import plan as plan_lib
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 _WIRE_DTYPES = {tf.bfloat16: tf.float16}  # broadcast kernels lack bfloat16
 PAIR_GROUP_KEYS = 10_000  # group keys reserved per strategy for the pair groups
+# Instance keys of the engine that times candidates in the middle of a trace
+# (`refine.py`). It needs its own: with several local replicas the trace has
+# drawn keys for replica 0's pairs but not yet for replica 1's when it stops to
+# time, so shared counters would disagree within a pair and the timing would
+# wait forever (seen: 3 replicas, 3 of 4 runs hung).
+TIMING_INSTANCE_KEYS = 1 << 30
 
 
 def max_world_size(num_group_keys: int = PAIR_GROUP_KEYS) -> int:
@@ -64,13 +70,16 @@ class GraphEngine:
             reserved for the pair groups (the same on every worker).
         timeout_seconds: Collective timeout; None or 0 waits forever.
         num_group_keys: Size of the reserved key range. Defaults to 10000.
+        first_instance_key: Instance keys of every pair start above it.
+            Engines sharing pair groups need disjoint ranges (see
+            `TIMING_INSTANCE_KEYS`).
 
     Raises:
         ValueError: when `world_size` has more pairs than reserved keys.
     """
 
     def __init__(self, devices, world_size, first_rank, group_key_base,
-                 timeout_seconds=None, num_group_keys=PAIR_GROUP_KEYS):
+                 timeout_seconds=None, num_group_keys=PAIR_GROUP_KEYS, first_instance_key=0):
         check_world_size(world_size, num_group_keys)
         if not 0 <= first_rank <= world_size - len(devices):
             raise ValueError(
@@ -95,7 +104,7 @@ class GraphEngine:
         # at different times and allows overlapping calls; trace-time keys
         # require every worker to trace the same functions in the same order
         # (true for data-parallel Keras: all workers build the same steps).
-        self._instance_keys = collections.defaultdict(int)
+        self._instance_keys = collections.defaultdict(lambda: first_instance_key)
 
     def group_key(self, a: int, b: int) -> int:
         """Group key of the pair {a, b}; identical on every worker."""

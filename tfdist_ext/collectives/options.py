@@ -101,8 +101,12 @@ class AllReduce:
         candidates: Algorithms "auto" may choose from; empty means all of them
             and "native".
         calibrate: Whether "auto" (and the "mgwfbp" bucketing planner) runs the
-            start-up probe (about a second) when no valid cache exists; False
-            uses built-in defaults instead.
+            start-up probe (4-11 s on 2-4 replicas here) when no valid cache
+            exists; False uses built-in defaults instead and times nothing.
+        refine: Whether "auto" times its close candidates again at each
+            buffer size the model reduces, the first time it is reduced
+            (`collectives.refine`; 0.3-2 s per size, cached). False keeps the
+            model's choice.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.
     """
@@ -112,6 +116,7 @@ class AllReduce:
     bytes_per_pack: int = 0
     candidates: Tuple[str, ...] = ()
     calibrate: bool = True
+    refine: bool = True
     calibration_cache: Optional[str] = "~/.cache/tfdist_ext/calibration.json"
 
     def __post_init__(self):
@@ -124,9 +129,10 @@ class AllReduce:
                 raise ValueError("Argument `candidates` lists the algorithms 'auto' chooses "
                                  "from; it cannot contain 'auto' itself.")
             _check_algorithm(name, "candidates")
-        if not isinstance(self.calibrate, bool):
-            raise ValueError(f"Argument `calibrate` must be True or False; received "
-                             f"{self.calibrate!r}.")
+        for flag in ("calibrate", "refine"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"Argument `{flag}` must be True or False; received "
+                                 f"{getattr(self, flag)!r}.")
 
     def algorithm_for(self, num_bytes: int) -> str:
         """The algorithm that reduces a buffer of `num_bytes`."""

@@ -1,0 +1,124 @@
+"""`allreduce="auto"` at the sizes a model really reduces: time the close candidates there.
+
+The start-up probe (`calibration.py`) measures every candidate at three sizes,
+and the model interpolates between them. It ranks algorithms that differ by
+2x well, but not the two or three that are within 5-20% of each other, which
+is the usual case at the model's actual buffer sizes: on 2 workers at 1 MB the
+model picked halving_doubling, measured 1.20x slower than the best. So the
+first time a buffer size is reduced, the candidates modelled within
+`auto.REFINE_MARGIN` of the best (at most `auto.REFINE_LIMIT`) are timed on a
+buffer of exactly that size, and the fastest by the chief's clock (median of
+15 interleaved calls, at every size: the probe's minimum at 1 MB and above
+picked tree at 16 MB on 4 replicas, whose minimum tied native's while its
+median was 1.6x) is kept for every buffer in the same half-octave
+(`auto.size_class`). This is what NCCL's tuner cannot do for us (it has no CPU
+path) and what Horovod's autotuner does with whole steps, at the cost of one
+timing per size class rather than a search.
+
+When it runs: at trace time, the first time a size class is asked for (the
+graph being traced is set aside with `init_scope`; the timing runs eagerly).
+Every worker traces the same reductions in the same order (data-parallel
+Keras: every worker builds the same steps), so every worker times the same
+candidates at the same point, and the chief's times are broadcast so that all
+keep the same choice. Cost: 0.3-4 s per size class (tracing 2-3 functions and
+15 timed calls of each); at most `max_classes` classes are timed, beyond
+that the model decides alone. The chief keeps the choices in the calibration
+cache, so a second run on the same cluster times nothing.
+
+Buffers are timed as float32 of the same byte count whatever their dtype: the
+algorithms move bytes, and only the local add differs.
+"""
+
+import logging
+import threading
+import time
+from typing import Dict, Optional, Sequence
+
+from tfdist_ext import _compat
+from tfdist_ext.collectives import auto, calibration as calibration_lib, engine
+
+log = logging.getLogger("tfdist_ext")
+
+MAX_CLASSES = 16  # size classes timed per strategy; later ones use the model
+
+
+class Refiner:
+    """Chooses "auto"'s algorithm per buffer size, timing the model's close calls.
+
+    Args:
+        cross_ops: The strategy's `CrossDeviceOps` (its devices, rank and
+            native all-reduce are used for timing and broadcasting).
+        calibration: The cluster's `auto.Calibration` (identical on every worker).
+        candidates: Algorithms to choose from; empty means all and "native".
+        cache_path: The calibration cache; the chief reads and writes the
+            refined choices there. None disables it.
+        timing: False never times: the model's choice stands (`calibrate=False`
+            or `refine=False`).
+        max_classes: Size classes timed at most; later ones use the model.
+        repeats: As in `calibration.time_candidates` (2 * repeats + 1 calls).
+
+    Attributes:
+        decisions: Size class -> {"bytes", "candidates", "choice", "source",
+            "ms" (the chief's times, when timed), "model" (the model's choice)}.
+    """
+
+    def __init__(self, cross_ops, calibration: auto.Calibration,
+                 candidates: Sequence[str] = (), cache_path: Optional[str] = None,
+                 timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7):
+        self.cross_ops = cross_ops
+        self.calibration = calibration
+        self.candidates = tuple(candidates)
+        self.cache_path = cache_path
+        self.timing = timing
+        self.max_classes = max_classes
+        self.repeats = repeats
+        self.decisions: Dict[int, dict] = {}
+        self._is_chief = cross_ops.first_rank == 0
+        self._cached = (calibration_lib.read_refined(cache_path, calibration.cluster_key)
+                        if cache_path and self._is_chief and calibration.measured else {})
+        self._barrier = None
+        self._engine = None  # its own instance keys (engine.TIMING_INSTANCE_KEYS)
+        self._lock = threading.Lock()  # replica threads may trace reductions
+
+    def choose(self, num_bytes: int, itemsize: int = 4) -> str:
+        """The algorithm for a buffer of `num_bytes` (timing its class the first time)."""
+        names = auto.shortlist(self.calibration, num_bytes, itemsize, self.candidates)
+        if len(names) == 1 or not self.timing:
+            return names[0]
+        size_class = auto.size_class(num_bytes)
+        with self._lock:
+            if size_class not in self.decisions:
+                self.decisions[size_class] = self._decide(size_class, num_bytes, names)
+            return self.decisions[size_class]["choice"]
+
+    def _decide(self, size_class, num_bytes, names):
+        decision = {"bytes": num_bytes, "candidates": names, "model": names[0], "ms": {}}
+        if sum(d["source"] == "timed" for d in self.decisions.values()) >= self.max_classes:
+            return dict(decision, choice=names[0], source="model (max_classes reached)")
+        with _compat.init_scope():
+            cached = self._cached.get(size_class)
+            index = names.index(cached) if cached in names else -1
+            (agreed,) = calibration_lib.broadcast_from_chief(self.cross_ops, [float(index)],
+                                                             self.cross_ops.first_rank)
+            if agreed >= 0:
+                return dict(decision, choice=names[int(agreed)], source="cache")
+            start = time.perf_counter()
+            if self._engine is None:
+                self._barrier = calibration_lib.barrier_fn(self.cross_ops)  # None in one process
+                self._engine = self.cross_ops.new_graph_engine(engine.TIMING_INSTANCE_KEYS)
+            mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes,
+                                                   self.repeats, self._barrier, median=True,
+                                                   engine=self._engine)
+            chief = calibration_lib.broadcast_from_chief(
+                self.cross_ops, [mine[name] for name in names], self.cross_ops.first_rank)
+        choice = min(zip(chief, names))[1]
+        decision.update(choice=choice, source="timed",
+                        ms={name: 1e3 * seconds for name, seconds in zip(names, chief)})
+        if self._is_chief:
+            log.info("tfdist_ext: allreduce='auto' at %d B timed %s -> %s (model: %s) in %.1f s",
+                     num_bytes, ", ".join(f"{n} {t:.3f} ms" for n, t in decision["ms"].items()),
+                     choice, names[0], time.perf_counter() - start)
+            if self.cache_path and self.calibration.measured:
+                self._cached[size_class] = choice
+                calibration_lib.write_cache(self.cache_path, self.calibration, self._cached)
+        return decision
