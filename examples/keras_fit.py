@@ -120,6 +120,7 @@ def main(argv=None):
                        "fit_seconds": seconds, "loss": history.history["loss"],
                        "replicas": strategy.num_replicas_in_sync,
                        "communication": stats,
+                       "allreduce_refinements": strategy.allreduce_refinements,
                        "weights_sum": float(weights.astype("float64").sum()),
                        "weights_sha": hashlib.sha256(weights.tobytes()).hexdigest()},
                       f, indent=1)

@@ -104,21 +104,23 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def first_rank(self) -> int:
         return self._worker_index * len(self._devices)
 
-    def select_algorithm(self, num_bytes: int, itemsize: int = 4, reduced: bool = True) -> str:
+    def select_algorithm(self, num_bytes: int, itemsize: int = 4, refine: bool = True) -> str:
         """The one place an algorithm is chosen per fused buffer (same on every worker).
 
         Args:
             num_bytes: Size of the buffer.
             itemsize: Bytes per element.
-            reduced: False when no buffer of this size is reduced (a plan's
-                total): "auto" then answers from its model and times nothing.
+            refine: Whether "auto" may time its close candidates at this size
+                (`collectives.refine`). False where no buffer of this size is
+                reduced (a bucket plan's total) or where it is off the
+                training path (metrics, `strategy.reduce`): the model decides.
         """
         name = self.config.allreduce.algorithm_for(num_bytes)
         if name == "auto":
             if self.calibration is None:
                 raise RuntimeError("allreduce='auto' needs the strategy's calibration; "
                                    "create the strategy with tfdist_ext.Strategy(...).")
-            if self.refiner is not None and reduced:
+            if self.refiner is not None and refine:
                 return self.refiner.choose(num_bytes, itemsize)
             return auto.choose(self.calibration, num_bytes, itemsize,
                                self.config.allreduce.candidates)
@@ -241,7 +243,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
         """
         name = self.select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
-                                     buffer.dtype.size)
+                                     buffer.dtype.size,
+                                     refine=self._gradient_reduction or self._dense_only)
         if self._group_size == 1:
             return buffer
         with tf.name_scope(f"tfdist/{name}/{bucket}/"):
@@ -262,7 +265,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         bucket_name, key = key, f"{key}_{dtype.name}_{n}"
         uncompressed = isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES
         algorithm = self.select_algorithm(n * dtype.size, dtype.size,
-                                          reduced=uncompressed or compressor.warmup_steps > 0)
+                                          refine=uncompressed or compressor.warmup_steps > 0)
         dense = self._wire_bytes(algorithm, n, dtype.size, replica_id)
         counts[1] += dense
         if uncompressed:
@@ -324,7 +327,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def _plan_buckets(self, sizes, itemsize):
         """Buckets (backward order) of one dtype's gradients; remembers the plan."""
         planner = self.config.bucketing
-        algorithm = self.select_algorithm(sum(sizes), itemsize, reduced=False)
+        algorithm = self.select_algorithm(sum(sizes), itemsize, refine=False)
         alpha, beta = self.link_constants(algorithm)
         self.plan_inputs = (tuple(sizes), alpha, beta)
         times = getattr(planner, "backward_times", None)

@@ -118,6 +118,9 @@ class _Extended(_compat.CollectiveAllReduceExtended):
                 _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
                 self.tfdist_config, worker_index=self._id_in_cluster,
                 pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2 + quarter)
+            # "auto" decides from the model here: timing on the background thread
+            # would run beside the main thread's steps.
+            self._background_ops.calibration = main.calibration
         return self._background_ops
 
     def _reduce_to(self, reduce_op, value, destinations, options):
@@ -202,7 +205,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                                       cross_ops._devices)  # pylint: disable=protected-access
         if self.num_replicas_in_sync == 1:
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
-            return
+        else:
+            self._measure_calibration(key)
+        if self.extended._background_ops is not None:  # pylint: disable=protected-access
+            self.extended._background_ops.calibration = cross_ops.calibration  # pylint: disable=protected-access
+
+    def _measure_calibration(self, key):
+        cross_ops, options = self._cross_ops, self.config.allreduce
         candidates = auto.candidates_or_all(options.candidates)
         if "auto" not in options.algorithms:  # only the bucketing planner needs figures
             candidates = tuple(sorted(set(options.algorithms)))

@@ -178,6 +178,23 @@ def test_size_ranges_may_delegate_to_auto_and_skipping_calibration_uses_defaults
     assert not skipped.calibration.measured
 
 
+@pytest.mark.parametrize("sync", ["stale_synchronous", "delayed_averaging"])
+def test_auto_with_background_reductions(sync):
+    # These policies reduce on a background thread, through a second
+    # CrossDeviceOps; it once lacked the calibration and raised at trace time.
+    strategy = tfdist_ext.Strategy(num_replicas=2, sync=sync, allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(x, x.sum(1, keepdims=True), batch_size=16, epochs=2, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    background = strategy.extended.background_cross_device_ops()
+    assert background.calibration is strategy.calibration
+
+
 @pytest.mark.parametrize("options, message", [
     ({"name": "auto", "candidates": ["ring", "rign"]}, r"Unknown candidates algorithm 'rign'"),
     ({"name": "auto", "candidates": ["auto"]}, r"cannot contain 'auto' itself"),

@@ -59,7 +59,8 @@ class Refiner:
 
     Attributes:
         decisions: Size class -> {"bytes", "candidates", "choice", "source",
-            "ms" (the chief's times, when timed), "model" (the model's choice)}.
+            "ms" (the chief's times, when timed), "model" (the model's choice),
+            "seconds" (this worker's time spent timing, when timed)}.
     """
 
     def __init__(self, cross_ops, calibration: auto.Calibration,
@@ -112,12 +113,12 @@ class Refiner:
             chief = calibration_lib.broadcast_from_chief(
                 self.cross_ops, [mine[name] for name in names], self.cross_ops.first_rank)
         choice = min(zip(chief, names))[1]
-        decision.update(choice=choice, source="timed",
+        decision.update(choice=choice, source="timed", seconds=time.perf_counter() - start,
                         ms={name: 1e3 * seconds for name, seconds in zip(names, chief)})
         if self._is_chief:
             log.info("tfdist_ext: allreduce='auto' at %d B timed %s -> %s (model: %s) in %.1f s",
                      num_bytes, ", ".join(f"{n} {t:.3f} ms" for n, t in decision["ms"].items()),
-                     choice, names[0], time.perf_counter() - start)
+                     choice, names[0], decision["seconds"])
             if self.cache_path and self.calibration.measured:
                 self._cached[size_class] = choice
                 calibration_lib.write_cache(self.cache_path, self.calibration, self._cached)
