@@ -200,7 +200,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def _calibrate(self):
         """Measures (or loads) the cost model "auto" decides with; logs its table once."""
-        cross_ops, options = self._cross_ops, self.config.allreduce
+        cross_ops = self._cross_ops
         key = calibration.cluster_key(self.cluster, self.num_replicas_in_sync,
                                       cross_ops._devices)  # pylint: disable=protected-access
         if self.num_replicas_in_sync == 1:
