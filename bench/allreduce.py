@@ -93,6 +93,7 @@ def run(args):
             if name == "auto":
                 records[-1]["model_choice"] = auto.choose(cross_ops.calibration, 4 * elements)
                 records[-1]["refined_ms"] = refined["ms"] if refined else {}
+                records[-1]["refine_seconds"] = refined.get("seconds", 0.0) if refined else 0.0
             if is_chief:
                 r = records[-1]
                 print(f"{r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "

@@ -210,31 +210,29 @@ def time_interleaved(fns, repeats, barrier=None, steps=1):
     return times
 
 
-def time_candidates(cross_ops, names, num_bytes, repeats=7, barrier=None, median=False,
-                    engine=None):
+def time_candidates(cross_ops, names, num_bytes, calls, steps, barrier=None,
+                    statistic=np.median, engine=None):
     """Seconds per all-reduce of each of `names` on a float32 buffer of `num_bytes`.
 
-    The candidates take turns (interleaved, each timed call right after
-    `barrier`), so that load on this machine hits them alike. Below 1 MB, 8
-    all-reduces per call and the median of 2 * repeats + 1 calls; from 1 MB,
-    2 per call and the minimum of `repeats` (the probe's cheaper rule), or
-    with `median` the median of 2 * repeats + 1 calls as below 1 MB. Every
-    worker must call it with the same arguments; each gets its own times.
+    Each candidate makes `calls` timed calls of `steps` chained all-reduces;
+    the candidates take turns (interleaved, each timed call right after
+    `barrier`), so that load on this machine hits them alike, and `statistic`
+    (of the per-step seconds) is kept. Every worker must call it with the same
+    arguments; each gets its own times. `engine` as in `all_reduce_fn`.
     """
-    cheap = num_bytes < (1 << 20)  # latency-bound: more calls, and their median
-    steps = 8 if cheap else 2
-    median = median or cheap
     with _quiet_retracing():
         fns = {name: all_reduce_fn(cross_ops, name, max(num_bytes // 4, 1), steps,
                                    engine=engine)
                for name in names}
-        times = time_interleaved(fns, 2 * repeats + 1 if median else repeats, barrier, steps)
-    return {name: float(np.median(times[name])) if median else min(times[name])
-            for name in names}
+        times = time_interleaved(fns, calls, barrier, steps)
+    return {name: float(statistic(times[name])) for name in names}
 
 
 def measure(cross_ops, candidates, repeats=7):
     """Runs the probe on every local replica (`time_candidates` at each probe size).
+
+    Below 1 MB, 8 all-reduces per call and the median of 2 * repeats + 1
+    calls; from 1 MB, 2 per call and the minimum of `repeats`.
 
     Returns:
         (alpha, beta, gamma, lines, points), as in `auto.Calibration`.
@@ -243,8 +241,11 @@ def measure(cross_ops, candidates, repeats=7):
     barrier = barrier_fn(cross_ops)
     seconds = {name: [] for name in candidates}
     for size in auto.PROBE_BYTES:
-        for name, measured in time_candidates(cross_ops, candidates, size, repeats,
-                                              barrier).items():
+        if size < (1 << 20):  # latency-bound: more calls, and their median
+            times = time_candidates(cross_ops, candidates, size, 2 * repeats + 1, 8, barrier)
+        else:
+            times = time_candidates(cross_ops, candidates, size, repeats, 2, barrier, min)
+        for name, measured in times.items():
             seconds[name].append(measured)
     points = [(name, tuple(seconds[name])) for name in candidates]
     lines = []

@@ -7,8 +7,8 @@ is the usual case at the model's actual buffer sizes: on 2 workers at 1 MB the
 model picked halving_doubling, measured 1.20x slower than the best. So the
 first time a buffer size is reduced, the candidates modelled within
 `auto.REFINE_MARGIN` of the best (at most `auto.REFINE_LIMIT`) are timed on a
-buffer of exactly that size, and the fastest by the chief's clock (median of
-15 interleaved calls, at every size: the probe's minimum at 1 MB and above
+buffer of exactly that size, and the fastest by the chief's clock (the median
+of interleaved calls, at every size: the probe's minimum at 1 MB and above
 picked tree at 16 MB on 4 replicas, whose minimum tied native's while its
 median was 1.6x) is kept for every buffer in the same half-octave
 (`auto.size_class`). This is what NCCL's tuner cannot do for us (it has no CPU
@@ -20,9 +20,14 @@ graph being traced is set aside with `init_scope`; the timing runs eagerly).
 Every worker traces the same reductions in the same order (data-parallel
 Keras: every worker builds the same steps), so every worker times the same
 candidates at the same point, and the chief's times are broadcast so that all
-keep the same choice. Cost: 0.3-4 s per size class (tracing 2-3 functions and
-15 timed calls of each); at most `max_classes` classes are timed, beyond
-that the model decides alone. The chief keeps the choices in the calibration
+keep the same choice. Cost per size class: tracing 2-3 functions, then 15
+timed calls of each (8 all-reduces per call below 1 MB, 1 from 1 MB), fewer
+(at least 5) where the model expects more than `BUDGET_SECONDS` in all:
+measured 1.3 s at 110 KB on 2 workers; at 16 MB on 4 workers 15 s with 15
+calls of 2, hence the budget. At most `max_classes` classes are timed,
+beyond that the model decides alone. Only the training path refines
+(gradient and parameter-averaging reductions); metrics and
+`strategy.reduce` take the model's choice. The chief keeps the choices in the calibration
 cache, so a second run on the same cluster times nothing.
 
 Buffers are timed as float32 of the same byte count whatever their dtype: the
@@ -40,6 +45,7 @@ from tfdist_ext.collectives import auto, calibration as calibration_lib, engine
 log = logging.getLogger("tfdist_ext")
 
 MAX_CLASSES = 16  # size classes timed per strategy; later ones use the model
+BUDGET_SECONDS = 3.0  # modelled seconds of timed calls per size class
 
 
 class Refiner:
@@ -55,7 +61,10 @@ class Refiner:
         timing: False never times: the model's choice stands (`calibrate=False`
             or `refine=False`).
         max_classes: Size classes timed at most; later ones use the model.
-        repeats: As in `calibration.time_candidates` (2 * repeats + 1 calls).
+        repeats: Each candidate is timed in at most 2 * repeats + 1 calls
+            (the median is kept).
+        budget_seconds: Modelled seconds of timed calls per size class; big
+            buffers get fewer calls (at least 5).
 
     Attributes:
         decisions: Size class -> {"bytes", "candidates", "choice", "source",
@@ -65,7 +74,8 @@ class Refiner:
 
     def __init__(self, cross_ops, calibration: auto.Calibration,
                  candidates: Sequence[str] = (), cache_path: Optional[str] = None,
-                 timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7):
+                 timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7,
+                 budget_seconds: float = BUDGET_SECONDS):
         self.cross_ops = cross_ops
         self.calibration = calibration
         self.candidates = tuple(candidates)
@@ -73,6 +83,7 @@ class Refiner:
         self.timing = timing
         self.max_classes = max_classes
         self.repeats = repeats
+        self.budget_seconds = budget_seconds
         self.decisions: Dict[int, dict] = {}
         self._is_chief = cross_ops.first_rank == 0
         self._cached = (calibration_lib.read_refined(cache_path, calibration.cluster_key)
@@ -92,6 +103,17 @@ class Refiner:
                 self.decisions[size_class] = self._decide(size_class, num_bytes, names)
             return self.decisions[size_class]["choice"]
 
+    def _calls_and_steps(self, names, num_bytes):
+        """Timed calls (odd, 5 to 2 * repeats + 1) and all-reduces per call.
+
+        Fewer calls where the model expects them to exceed `budget_seconds`;
+        computed from the shared calibration, so equal on every worker.
+        """
+        steps = 8 if num_bytes < (1 << 20) else 1
+        per_call = steps * sum(self.calibration.predict(n, num_bytes) for n in names)
+        calls = min(2 * self.repeats + 1, max(5, int(self.budget_seconds / per_call)))
+        return calls - (calls % 2 == 0), steps
+
     def _decide(self, size_class, num_bytes, names):
         decision = {"bytes": num_bytes, "candidates": names, "model": names[0], "ms": {}}
         if sum(d["source"] == "timed" for d in self.decisions.values()) >= self.max_classes:
@@ -107,9 +129,9 @@ class Refiner:
             if self._engine is None:
                 self._barrier = calibration_lib.barrier_fn(self.cross_ops)  # None in one process
                 self._engine = self.cross_ops.new_graph_engine(engine.TIMING_INSTANCE_KEYS)
-            mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes,
-                                                   self.repeats, self._barrier, median=True,
-                                                   engine=self._engine)
+            calls, steps = self._calls_and_steps(names, num_bytes)
+            mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes, calls,
+                                                   steps, self._barrier, engine=self._engine)
             chief = calibration_lib.broadcast_from_chief(
                 self.cross_ops, [mine[name] for name in names], self.cross_ops.first_rank)
         choice = min(zip(chief, names))[1]
