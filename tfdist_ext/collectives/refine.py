@@ -20,11 +20,10 @@ graph being traced is set aside with `init_scope`; the timing runs eagerly).
 Every worker traces the same reductions in the same order (data-parallel
 Keras: every worker builds the same steps), so every worker times the same
 candidates at the same point, and the chief's times are broadcast so that all
-keep the same choice. Cost per size class: tracing 2-3 functions, then 15
-timed calls of each (8 all-reduces per call below 1 MB, 1 from 1 MB), fewer
-(at least 5) where the model expects more than `BUDGET_SECONDS` in all:
-measured 1.3 s at 110 KB on 2 workers; at 16 MB on 4 workers 15 s with 15
-calls of 2, hence the budget. At most `max_classes` classes are timed,
+keep the same choice. Cost per size class: tracing 2-4 functions, then 15
+timed calls of each, fewer (at least 5) where the model expects more than
+`auto.REFINE_BUDGET_SECONDS` in all (`auto.refine_calls`): measured 1.3 s at
+110 KB on 2 workers; at 16 MB on 4 workers 15 s before the budget. At most `max_classes` classes are timed,
 beyond that the model decides alone. Only the training path refines
 (gradient and parameter-averaging reductions); metrics and
 `strategy.reduce` take the model's choice. The chief keeps the choices in the calibration
@@ -45,7 +44,6 @@ from tfdist_ext.collectives import auto, calibration as calibration_lib, engine
 log = logging.getLogger("tfdist_ext")
 
 MAX_CLASSES = 16  # size classes timed per strategy; later ones use the model
-BUDGET_SECONDS = 3.0  # modelled seconds of timed calls per size class
 
 
 class Refiner:
@@ -75,7 +73,7 @@ class Refiner:
     def __init__(self, cross_ops, calibration: auto.Calibration,
                  candidates: Sequence[str] = (), cache_path: Optional[str] = None,
                  timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7,
-                 budget_seconds: float = BUDGET_SECONDS):
+                 budget_seconds: float = auto.REFINE_BUDGET_SECONDS):
         self.cross_ops = cross_ops
         self.calibration = calibration
         self.candidates = tuple(candidates)
@@ -103,17 +101,6 @@ class Refiner:
                 self.decisions[size_class] = self._decide(size_class, num_bytes, names)
             return self.decisions[size_class]["choice"]
 
-    def _calls_and_steps(self, names, num_bytes):
-        """Timed calls (odd, 5 to 2 * repeats + 1) and all-reduces per call.
-
-        Fewer calls where the model expects them to exceed `budget_seconds`;
-        computed from the shared calibration, so equal on every worker.
-        """
-        steps = 8 if num_bytes < (1 << 20) else 1
-        per_call = steps * sum(self.calibration.predict(n, num_bytes) for n in names)
-        calls = min(2 * self.repeats + 1, max(5, int(self.budget_seconds / per_call)))
-        return calls - (calls % 2 == 0), steps
-
     def _decide(self, size_class, num_bytes, names):
         decision = {"bytes": num_bytes, "candidates": names, "model": names[0], "ms": {}}
         if sum(d["source"] == "timed" for d in self.decisions.values()) >= self.max_classes:
@@ -129,7 +116,8 @@ class Refiner:
             if self._engine is None:
                 self._barrier = calibration_lib.barrier_fn(self.cross_ops)  # None in one process
                 self._engine = self.cross_ops.new_graph_engine(engine.TIMING_INSTANCE_KEYS)
-            calls, steps = self._calls_and_steps(names, num_bytes)
+            calls, steps = auto.refine_calls(self.calibration, names, num_bytes,
+                                             2 * self.repeats + 1, self.budget_seconds)
             mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes, calls,
                                                    steps, self._barrier, engine=self._engine)
             chief = calibration_lib.broadcast_from_chief(
