@@ -35,8 +35,7 @@ NATIVE = "native"
 TABLE_SIZES = tuple(1 << s for s in range(10, 27, 2))  # 1 KB .. 64 MB
 PROBE_BYTES = (1 << 10, 1 << 20, 1 << 22)  # 1 KB, 1 MB, 4 MB
 REFINE_MARGIN = 1.5  # time again every candidate modelled within 1.5x of the best ...
-REFINE_LIMIT = 4     # ... but at most the 4 best
-REFINE_BUDGET_SECONDS = 3.0  # modelled seconds of timed calls per refined size
+REFINE_LIMIT = 3     # ... but at most the 3 best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,32 +136,16 @@ def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
 
     Those modelled within `margin` times the best, at most `limit` of them;
     the first is `choose`'s answer. The model was off by up to 1.5x at single
-    sizes (4 replicas, 16 MB, before the steepest-segment rule), hence 1.5;
-    with 3, the best at 1 MB on 4 replicas (master_worker) was left out once.
+    sizes (4 replicas, 16 MB, before the steepest-segment rule), hence 1.5.
+    A limit of 4 made worse picks than 3 (1.13x and 1.29x in one benchmark
+    run, none in two with 3): one more candidate is one more chance for a
+    noisy time to win.
     """
     if calibration.world_size == 1:
         return (NATIVE,)
     ranked = sorted((calibration.predict(name, num_bytes, itemsize), name)
                     for name in candidates_or_all(candidates))
     return tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
-
-
-def refine_calls(calibration: Calibration, names: Sequence[str], num_bytes: int,
-                 max_calls: int = 15, budget_seconds: float = REFINE_BUDGET_SECONDS
-                 ) -> Tuple[int, int]:
-    """(timed calls per candidate, all-reduces per call) to refine `names` at `num_bytes`.
-
-    As the probe and the benchmark: 8 all-reduces per call below 1 MB, 2 from
-    1 MB (one per call measured tree 1.17x slower than native at 1 MB on 4
-    replicas, and picked it). Calls: `max_calls`, fewer where the modelled
-    time of all candidates' calls exceeds `budget_seconds`, but at least 5;
-    odd, for a true median. A function of the shared calibration, so every
-    worker makes the same calls.
-    """
-    steps = 8 if num_bytes < (1 << 20) else 2
-    per_round = steps * sum(calibration.predict(name, num_bytes) for name in names)
-    calls = min(max_calls, max(5, int(budget_seconds / max(per_round, 1e-9))))
-    return calls - (calls % 2 == 0), steps
 
 
 def size_class(num_bytes: int) -> int:

@@ -20,10 +20,12 @@ graph being traced is set aside with `init_scope`; the timing runs eagerly).
 Every worker traces the same reductions in the same order (data-parallel
 Keras: every worker builds the same steps), so every worker times the same
 candidates at the same point, and the chief's times are broadcast so that all
-keep the same choice. Cost per size class: tracing 2-4 functions, then 15
-timed calls of each, fewer (at least 5) where the model expects more than
-`auto.REFINE_BUDGET_SECONDS` in all (`auto.refine_calls`): measured 1.3 s at
-110 KB on 2 workers; at 16 MB on 4 workers 15 s before the budget. At most `max_classes` classes are timed,
+keep the same choice. Cost per size class: tracing 2-3 functions, then 15
+timed calls of each (8 all-reduces per call below 1 MB, 2 from 1 MB):
+measured 1.3 s at 110 KB on 2 workers, 2.6 s at 64 KB and 15 s at 16 MB on 4
+workers. Cheaper rules picked worse: 1 all-reduce per call from 1 MB chose
+tree at 1 MB on 4 replicas (1.17x the best); a budget of 5-7 calls at 16 MB
+chose round_robin on 4 replicas (1.29x). At most `max_classes` classes are timed,
 beyond that the model decides alone. Only the training path refines
 (gradient and parameter-averaging reductions); metrics and
 `strategy.reduce` take the model's choice. The chief keeps the choices in the calibration
@@ -59,10 +61,8 @@ class Refiner:
         timing: False never times: the model's choice stands (`calibrate=False`
             or `refine=False`).
         max_classes: Size classes timed at most; later ones use the model.
-        repeats: Each candidate is timed in at most 2 * repeats + 1 calls
-            (the median is kept).
-        budget_seconds: Modelled seconds of timed calls per size class; big
-            buffers get fewer calls (at least 5).
+        repeats: Each candidate is timed in 2 * repeats + 1 calls (the
+            median is kept).
 
     Attributes:
         decisions: Size class -> {"bytes", "candidates", "choice", "source",
@@ -72,8 +72,7 @@ class Refiner:
 
     def __init__(self, cross_ops, calibration: auto.Calibration,
                  candidates: Sequence[str] = (), cache_path: Optional[str] = None,
-                 timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7,
-                 budget_seconds: float = auto.REFINE_BUDGET_SECONDS):
+                 timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7):
         self.cross_ops = cross_ops
         self.calibration = calibration
         self.candidates = tuple(candidates)
@@ -81,7 +80,6 @@ class Refiner:
         self.timing = timing
         self.max_classes = max_classes
         self.repeats = repeats
-        self.budget_seconds = budget_seconds
         self.decisions: Dict[int, dict] = {}
         self._is_chief = cross_ops.first_rank == 0
         self._cached = (calibration_lib.read_refined(cache_path, calibration.cluster_key)
@@ -116,10 +114,10 @@ class Refiner:
             if self._engine is None:
                 self._barrier = calibration_lib.barrier_fn(self.cross_ops)  # None in one process
                 self._engine = self.cross_ops.new_graph_engine(engine.TIMING_INSTANCE_KEYS)
-            calls, steps = auto.refine_calls(self.calibration, names, num_bytes,
-                                             2 * self.repeats + 1, self.budget_seconds)
-            mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes, calls,
-                                                   steps, self._barrier, engine=self._engine)
+            steps = 8 if num_bytes < (1 << 20) else 2  # as the probe and the benchmark
+            mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes,
+                                                   2 * self.repeats + 1, steps, self._barrier,
+                                                   engine=self._engine)
             chief = calibration_lib.broadcast_from_chief(
                 self.cross_ops, [mine[name] for name in names], self.cross_ops.first_rank)
         choice = min(zip(chief, names))[1]
