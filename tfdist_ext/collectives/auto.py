@@ -134,8 +134,11 @@ def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
               limit: int = REFINE_LIMIT) -> Tuple[str, ...]:
     """The candidates worth timing at `num_bytes`, best modelled first.
 
-    Those modelled within `margin` times the best, at most `limit` of them;
-    the first is `choose`'s answer. The model was off by up to 1.5x at single
+    Those modelled within `margin` times the best, at most `limit` of them,
+    plus "native" when it is a candidate: the probe once ranked TF's fused op
+    outside the shortlist at 16 MB on 4 replicas, where it was the best and
+    the pick 1.62x slower; with native always timed, three runs there kept
+    every pick within 1.09x. The first is `choose`'s answer. The model was off by up to 1.5x at single
     sizes (4 replicas, 16 MB, before the steepest-segment rule), hence 1.5.
     A limit of 4 made worse picks than 3 (1.13x and 1.29x in one benchmark
     run, none in two with 3): one more candidate is one more chance for a
@@ -145,7 +148,10 @@ def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
         return (NATIVE,)
     ranked = sorted((calibration.predict(name, num_bytes, itemsize), name)
                     for name in candidates_or_all(candidates))
-    return tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
+    names = tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
+    if NATIVE in candidates_or_all(candidates) and NATIVE not in names:
+        names += (NATIVE,)
+    return names
 
 
 def size_class(num_bytes: int) -> int:
