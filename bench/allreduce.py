@@ -10,7 +10,8 @@ cost model's choice, refined by timing its close candidates at that size as in
 training, then measured as its own row) run side by side in one job.
 Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
 each chaining `--steps` all-reduces and starting right after a barrier);
-algbw = bytes / time and busbw = algbw * 2(p-1)/p as in nccl-tests. The chief's measurements are reported.
+algbw = bytes / time and busbw = algbw * 2(p-1)/p as in nccl-tests. The
+chief's measurements are reported.
 """
 
 import argparse

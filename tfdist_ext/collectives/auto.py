@@ -123,10 +123,7 @@ def candidates_or_all(candidates: Optional[Iterable[str]]) -> Tuple[str, ...]:
 def choose(calibration: Calibration, num_bytes: int, itemsize: int = 4,
            candidates: Optional[Sequence[str]] = None) -> str:
     """The candidate with the lowest modelled time for `num_bytes`."""
-    if calibration.world_size == 1:
-        return NATIVE
-    return min((calibration.predict(name, num_bytes, itemsize), name)
-               for name in candidates_or_all(candidates))[1]
+    return shortlist(calibration, num_bytes, itemsize, candidates)[0]
 
 
 def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
@@ -135,23 +132,23 @@ def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
     """The candidates worth timing at `num_bytes`, best modelled first.
 
     Those modelled within `margin` times the best, at most `limit` of them,
-    plus "native" when it is a candidate: the probe once ranked TF's fused op
-    outside the shortlist at 16 MB on 4 replicas, where it was the best and
-    the pick 1.62x slower; with native always timed, three runs there kept
-    every pick within 1.09x. The first is `choose`'s answer. The model was off by up to 1.5x at single
-    sizes (4 replicas, 16 MB, before the steepest-segment rule), hence 1.5.
-    A limit of 4 made worse picks than 3 (1.13x and 1.29x in one benchmark
-    run, none in two with 3): one more candidate is one more chance for a
-    noisy time to win.
+    plus "native" when it is a candidate; the first is `choose`'s answer.
+
+    The model was off by up to 1.5x at single sizes (4 replicas, 16 MB,
+    before the steepest-segment rule), hence 1.5. A limit of 4 made worse
+    picks than 3 (1.13x and 1.29x in one benchmark run, none in two with 3):
+    one more candidate is one more chance for a noisy time to win. Native is
+    added all the same: the probe once ranked TF's fused op outside the
+    shortlist at 16 MB on 4 replicas, where it was the best and the pick 1.62x
+    slower; with native always timed, three runs there kept every pick within
+    1.09x.
     """
     if calibration.world_size == 1:
         return (NATIVE,)
-    ranked = sorted((calibration.predict(name, num_bytes, itemsize), name)
-                    for name in candidates_or_all(candidates))
-    names = tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
-    if NATIVE in candidates_or_all(candidates) and NATIVE not in names:
-        names += (NATIVE,)
-    return names
+    names = candidates_or_all(candidates)
+    ranked = sorted((calibration.predict(name, num_bytes, itemsize), name) for name in names)
+    close = tuple(name for seconds, name in ranked[:limit] if seconds <= margin * ranked[0][0])
+    return close + (NATIVE,) if NATIVE in names and NATIVE not in close else close
 
 
 def size_class(num_bytes: int) -> int:

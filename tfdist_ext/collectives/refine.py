@@ -6,30 +6,33 @@ and the model interpolates between them. It ranks algorithms that differ by
 is the usual case at the model's actual buffer sizes: on 2 workers at 1 MB the
 model picked halving_doubling, measured 1.20x slower than the best. So the
 first time a buffer size is reduced, the candidates modelled within
-`auto.REFINE_MARGIN` of the best (at most `auto.REFINE_LIMIT`) are timed on a
-buffer of exactly that size, and the fastest by the chief's clock (the median
-of interleaved calls, at every size: the probe's minimum at 1 MB and above
-picked tree at 16 MB on 4 replicas, whose minimum tied native's while its
-median was 1.6x) is kept for every buffer in the same half-octave
-(`auto.size_class`). This is what NCCL's tuner cannot do for us (it has no CPU
-path) and what Horovod's autotuner does with whole steps, at the cost of one
-timing per size class rather than a search.
+`auto.REFINE_MARGIN` of the best (at most `auto.REFINE_LIMIT`, plus "native";
+see `auto.shortlist`) are timed on a buffer of exactly that size, and the
+fastest by the chief's clock is kept for every buffer in the same half-octave
+(`auto.size_class`). The chief's clock is the median of interleaved calls at
+every size: the probe's minimum at 1 MB and above picked tree at 16 MB on 4
+replicas, whose minimum tied native's while its median was 1.6x. This is what
+NCCL's tuner cannot do for us (it has no CPU path) and what Horovod's
+autotuner does with whole steps, at the cost of one timing per size class
+rather than a search.
 
 When it runs: at trace time, the first time a size class is asked for (the
 graph being traced is set aside with `init_scope`; the timing runs eagerly).
 Every worker traces the same reductions in the same order (data-parallel
 Keras: every worker builds the same steps), so every worker times the same
 candidates at the same point, and the chief's times are broadcast so that all
-keep the same choice. Cost per size class: tracing 2-3 functions, then 15
-timed calls of each (8 all-reduces per call below 1 MB, 2 from 1 MB):
-measured 1.3 s at 110 KB on 2 workers, 2.6 s at 64 KB and 15 s at 16 MB on 4
-workers. Cheaper rules picked worse: 1 all-reduce per call from 1 MB chose
-tree at 1 MB on 4 replicas (1.17x the best); a budget of 5-7 calls at 16 MB
-chose round_robin on 4 replicas (1.29x). At most `max_classes` classes are timed,
-beyond that the model decides alone. Only the training path refines
-(gradient and parameter-averaging reductions); metrics and
-`strategy.reduce` take the model's choice. The chief keeps the choices in the calibration
-cache, so a second run on the same cluster times nothing.
+keep the same choice. Only the training path refines (gradient and
+parameter-averaging reductions); metrics and `strategy.reduce` take the
+model's choice. At most `max_classes` classes are timed, beyond that the model
+decides alone. The chief keeps the choices in the calibration cache, so a
+second run on the same cluster times nothing.
+
+Cost per size class: tracing 2-4 functions, then 15 timed calls of each (8
+all-reduces per call below 1 MB, 2 from 1 MB): measured 1.3 s at 110 KB on 2
+workers, 2.6 s at 64 KB and 15 s at 16 MB on 4 workers. Cheaper rules picked
+worse: 1 all-reduce per call from 1 MB chose tree at 1 MB on 4 replicas (1.17x
+the best); a budget of 5-7 calls at 16 MB chose round_robin on 4 replicas
+(1.29x).
 
 Buffers are timed as float32 of the same byte count whatever their dtype: the
 algorithms move bytes, and only the local add differs.
