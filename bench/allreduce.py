@@ -7,7 +7,9 @@
 (TF_CONFIG, gRPC over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
 one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
 cost model's choice, refined by timing its close candidates at that size as in
-training, then measured as its own row) run side by side in one job.
+training, then measured as its own row) run side by side in one job; "auto" chooses
+among the algorithms listed with it. `bench/allreduce_runs.py` checks its picks
+across several runs.
 Times are per all-reduce of float32 (min and median over `--repeat` timed calls,
 each chaining `--steps` all-reduces and starting right after a barrier);
 algbw = bytes / time and busbw = algbw * 2(p-1)/p as in nccl-tests. The
@@ -34,7 +36,8 @@ def parse_args(argv=None):
                        help="logical CPU replicas in one process")
     parser.add_argument("--sizes", default="1KB,64KB,1MB,16MB")
     parser.add_argument("--algorithms", default="all",
-                        help="comma-separated names, or 'all' (every algorithm + native + auto)")
+                        help="comma-separated names, or 'all' (every algorithm + native + auto); "
+                             "auto chooses among the other names listed")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--steps", type=int, default=0,
                         help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
@@ -60,14 +63,18 @@ def run(args):
     from tfdist_ext.collectives import auto, calibration, options  # pylint: disable=import-outside-toplevel
 
     tf.get_logger().setLevel("ERROR")  # one tf.function per measurement is the point here
-    allreduce = {"name": "auto", "calibration_cache": None} if args.no_cache else "auto"
+    names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
+             else tuple(args.algorithms.split(",")))
+    allreduce = {"name": "auto"}
+    if args.no_cache:
+        allreduce["calibration_cache"] = None
+    if args.algorithms != "all":  # auto chooses among the algorithms it is compared with
+        allreduce["candidates"] = [n for n in names if n != "auto"]  # empty: all
     strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas)
     cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
     world = strategy.num_replicas_in_sync
     placement = "workers" if strategy.cluster else "replicas"
     is_chief = strategy.cluster is None or strategy.cluster.task_index == 0
-    names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
-             else tuple(args.algorithms.split(",")))
     barrier = calibration.barrier_fn(cross_ops)
     records = []
     for size in [options.parse_size(s) for s in args.sizes.split(",")]:

@@ -228,3 +228,15 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
         assert 0 < r["time_ms_min"] <= r["time_ms_median"]
     assert {r["algorithm"] for r in records} == {"native", "ring", "butterfly", "auto"}
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    for r in records:
+        if r["algorithm"] == "auto":
+            assert r["choice_vs_best"] >= 1.0 and r["model_choice"] in ("native", "ring",
+                                                                        "butterfly")
+    check = [sys.executable, str(ROOT / "bench" / "allreduce_runs.py"), str(out)]
+    loose = subprocess.run(check + ["--limit", "100"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert loose.returncode == 0 and "2 cells, 0 over 100.00x" in loose.stdout, loose.stdout
+    # A choice is never faster than the best fixed algorithm, so 0.5x must fail.
+    strict = subprocess.run(check + ["--limit", "0.5"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert strict.returncode == 1 and "2 cells, 2 over 0.50x" in strict.stdout, strict.stdout
