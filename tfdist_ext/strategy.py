@@ -181,18 +181,17 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self.config = config
         self.cluster = spec
         self._worker_local = False
-        self.sync_runner = config.sync.runner(self)
-        planner = config.bucketing
-        if (self.sync_runner is not None or getattr(planner, "uses_backward_times", False)
-                or config.compression.momentum):
-            from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
-            hooks.install()
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
-        if "auto" in config.allreduce.algorithms or getattr(planner, "uses_backward_times",
-                                                            False):
-            self._calibrate()
+        planner = config.bucketing
+        uses_backward_times = getattr(planner, "uses_backward_times", False)
+        if "auto" in config.allreduce.algorithms or uses_backward_times:
+            self._calibrate()  # before the sync runner, whose background ops share it
+        self.sync_runner = config.sync.runner(self)
+        if self.sync_runner is not None or uses_backward_times or config.compression.momentum:
+            from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+            hooks.install()
 
     @property
     def _cross_ops(self):
@@ -207,8 +206,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
         else:
             self._measure_calibration(key)
-        if self.extended._background_ops is not None:  # pylint: disable=protected-access
-            self.extended._background_ops.calibration = cross_ops.calibration  # pylint: disable=protected-access
 
     def _measure_calibration(self, key):
         cross_ops, options = self._cross_ops, self.config.allreduce
