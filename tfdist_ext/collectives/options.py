@@ -105,7 +105,7 @@ class AllReduce:
             exists; False uses built-in defaults instead and times nothing.
         refine: Whether "auto" times its close candidates again at each
             buffer size the model reduces, the first time it is reduced
-            (`collectives.refine`; 1-15 s per size here, cached). False keeps
+            (`collectives.refine`; 1-24 s per size here, cached). False keeps
             the model's choice.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.

@@ -28,8 +28,9 @@ decides alone. The chief keeps the choices in the calibration cache, so a
 second run on the same cluster times nothing.
 
 Cost per size class: tracing 2-4 functions, then 15 timed calls of each (8
-all-reduces per call below 1 MB, 2 from 1 MB): measured 1.3 s at 110 KB on 2
-workers, 2.6 s at 64 KB and 15 s at 16 MB on 4 workers. Cheaper rules picked
+all-reduces per call below 1 MB, 2 from 1 MB): measured 1.3-2.3 s up to 1 MB
+on 2 workers, 3-6 s up to 1 MB and 14-24 s at 16 MB on 4 workers (with
+native as a 4th candidate). Cheaper rules picked
 worse: 1 all-reduce per call from 1 MB chose tree at 1 MB on 4 replicas (1.17x
 the best); a budget of 5-7 calls at 16 MB chose round_robin on 4 replicas
 (1.29x).
