@@ -99,7 +99,8 @@ def run(args):
                 "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
                 "modelled_ms": 1e3 * cross_ops.calibration.predict(chosen[name], 4 * elements)})
             if name == "auto":
-                records[-1]["model_choice"] = auto.choose(cross_ops.calibration, 4 * elements)
+                records[-1]["model_choice"] = auto.choose(cross_ops.calibration, 4 * elements,
+                                                          candidates=allreduce.get("candidates"))
                 records[-1]["refined_ms"] = refined["ms"] if refined else {}
                 records[-1]["refine_seconds"] = refined.get("seconds", 0.0) if refined else 0.0
             if is_chief:
