@@ -1,11 +1,14 @@
 """Installs tfdist_ext and builds its C++ custom-op library.
 
-The op library is compiled from every ``custom_ops/**/*.cc`` with exactly the
-flags `tf.sysconfig` reports (TF_NOTES section 5), into
-``tfdist_ext/ops/_tfdist_ops.so``, and the TensorFlow version it was built for is
-stamped beside it in ``_build_info.json``. A failed build does not fail the
-install: ``import tfdist_ext`` keeps working and only the features that need
-the ops raise an error that says how to rebuild.
+The op library is compiled from every ``custom_ops/**/*.cc`` outside
+``custom_ops/ucx/`` with exactly the flags `tf.sysconfig` reports (TF_NOTES
+section 5), into ``tfdist_ext/ops/_tfdist_ops.so``, and the TensorFlow version it
+was built for is stamped beside it in ``_build_info.json``. The UCX engine's
+library (``custom_ops/ucx/`` -> ``_tfdist_ucx.so``, stamp ``_ucx_build_info.json``)
+is built the same way when the ``libucx-cu12`` wheel is installed, with its
+headers and libraries (rpath to the wheel's ``lib/``). A failed build does not
+fail the install: ``import tfdist_ext`` keeps working and only the features that
+need the ops raise an error that says how to rebuild.
 
 Build in place (for a development checkout):
     python -m pip install --no-build-isolation -e .
@@ -28,6 +31,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 OPS_PACKAGE_DIR = "tfdist_ext/ops"
 BUILD_INFO_NAME = "_build_info.json"
+UCX_BUILD_INFO_NAME = "_ucx_build_info.json"
+UCX_SOURCES = "ucx"  # subdirectory of custom_ops/ built into the UCX library
 EXTRA_FLAGS = ["-shared", "-fPIC", "-O3", "-Wno-deprecated-declarations",
                "-Wno-interference-size"]
 if platform.machine() == "x86_64":
@@ -38,6 +43,16 @@ def _tf_flags():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
+def _ucx_flags():
+    """(include dir, lib dir) of the installed libucx wheel, or None without it."""
+    try:
+        import libucx  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    root = pathlib.Path(libucx.__file__).resolve().parent
+    return str(root / "include"), str(root / "lib")
 
 
 def _compile(source, obj, compile_flags):
@@ -51,17 +66,43 @@ class BuildTfOps(build_ext):
 
     def build_extension(self, ext):
         library = pathlib.Path(self.get_ext_fullpath(ext.name))
-        out_dir = library.parent
-        out_dir.mkdir(parents=True, exist_ok=True)
+        library.parent.mkdir(parents=True, exist_ok=True)
+        ucx = ext.name.endswith("_tfdist_ucx")
+        name = UCX_BUILD_INFO_NAME if ucx else BUILD_INFO_NAME
         # The stamp goes beside the built library and into the source package, so
         # both editable and regular installs carry it.
-        info_paths = {out_dir / BUILD_INFO_NAME, ROOT / OPS_PACKAGE_DIR / BUILD_INFO_NAME}
+        info_paths = {library.parent / name, ROOT / OPS_PACKAGE_DIR / name}
         try:
             tf_version, compile_flags, link_flags = _tf_flags()
         except ImportError as err:
             self._give_up(info_paths, f"TensorFlow is not importable ({err})")
             return
-        sources = sorted((ROOT / "custom_ops").rglob("*.cc"))
+        custom_ops = ROOT / "custom_ops"
+        if ucx:
+            paths = _ucx_flags()
+            if paths is None:
+                # Optional: the engine reports this and TF's collectives are used.
+                _write_info(info_paths, {"error": "the libucx-cu12 wheel was not installed "
+                                                  "when the ops were built"})
+                return
+            sources = sorted((custom_ops / UCX_SOURCES).rglob("*.cc"))
+            compile_flags = ["-I" + paths[0]] + compile_flags
+            link_flags = link_flags + ["-L" + paths[1], "-lucp", "-lucs",
+                                       "-Wl,-rpath," + paths[1]]
+        else:
+            sources = sorted(s for s in custom_ops.rglob("*.cc")
+                             if UCX_SOURCES not in s.relative_to(custom_ops).parts[:1])
+        problem = self._build(sources, library, tf_version, compile_flags, link_flags)
+        if problem:
+            self._give_up(info_paths, problem)
+            return
+        _write_info(info_paths, {"tf_version": tf_version, "compile_flags": compile_flags,
+                                 "link_flags": link_flags,
+                                 "sources": [s.name for s in sources]})
+        print(f"tfdist_ext: built {library} for TensorFlow {tf_version}")
+
+    def _build(self, sources, library, tf_version, compile_flags, link_flags):
+        """Compiles `sources` in parallel and links `library`; returns a problem or None."""
         temp = pathlib.Path(self.build_temp)
         temp.mkdir(parents=True, exist_ok=True)
         objects = [temp / (s.relative_to(ROOT).as_posix().replace("/", "_") + ".o")
@@ -74,19 +115,14 @@ class BuildTfOps(build_ext):
         if failed:
             for source, result in failed:
                 sys.stderr.write(f"--- g++ failed on {source}:\n{result.stderr}\n")
-            self._give_up(info_paths, f"compiling {len(failed)} source(s) failed")
-            return
+            return f"compiling {len(failed)} source(s) failed"
         cmd = (["g++"] + [str(o) for o in objects] + ["-o", str(library)]
                + EXTRA_FLAGS + link_flags)
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             sys.stderr.write(result.stderr)
-            self._give_up(info_paths, "linking the op library failed")
-            return
-        _write_info(info_paths, {"tf_version": tf_version, "compile_flags": compile_flags,
-                                 "link_flags": link_flags,
-                                 "sources": [s.name for s in sources]})
-        print(f"tfdist_ext: built {library} for TensorFlow {tf_version}")
+            return f"linking {library.name} failed"
+        return None
 
     @staticmethod
     def _give_up(info_paths, reason):
@@ -114,8 +150,9 @@ setup(
     extras_require={"cpu": ["tensorflow-cpu==2.21.*"], "gpu": ["tensorflow==2.21.*"],
                     "examples": ["mnist1d", "scikit-learn", "matplotlib"],
                     "test": ["pytest", "mnist1d", "scikit-learn", "matplotlib"]},
-    ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True)],
+    ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),
+                 Extension("tfdist_ext.ops._tfdist_ucx", sources=[], optional=True)],
     cmdclass={"build_ext": BuildTfOps},
-    package_data={"tfdist_ext.ops": [BUILD_INFO_NAME]},
+    package_data={"tfdist_ext.ops": [BUILD_INFO_NAME, UCX_BUILD_INFO_NAME]},
     entry_points={"console_scripts": ["tfdist-run=tfdist_ext.launch.cli:main"]},
 )

@@ -35,17 +35,20 @@ other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
 
 import contextlib
 import copy
+import threading
 
 import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import auto, cost, fusion
 from tfdist_ext.collectives import engine as engine_lib
+from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.compression import NoCompression, transport
 from tfdist_ext.compression.base import FLOAT_DTYPES
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
+UCX_TIMEOUT_SECONDS = 30.0  # without CommunicationOptions(timeout_seconds=...)
 
 
 class CrossDeviceOps(_compat.CollectiveAllReduce):
@@ -64,16 +67,22 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         pair_group_key_base: First of the `engine.PAIR_GROUP_KEYS` group keys
             reserved for the graph engine's 2-member groups; the same on every
             worker. Required when the configuration uses the graph engine.
+        engine_role: Which of the process's UCX communicator sets this
+            instance uses ("main", or "background" for reductions that run
+            beside the main thread's).
     """
 
     def __init__(self, devices, group_size, options, collective_keys, config,
-                 canonicalize_devices=True, *, worker_index=0, pair_group_key_base=None):
+                 canonicalize_devices=True, *, worker_index=0, pair_group_key_base=None,
+                 engine_role="main"):
         super().__init__(devices, group_size, options, collective_keys=collective_keys,
                          canonicalize_devices=canonicalize_devices)
         self.config = config
         self._worker_index = worker_index
         self._pair_group_key_base = pair_group_key_base
         self._engine = None
+        self._engine_role = engine_role
+        self._engine_lock = threading.Lock()
         self._state = None
         self.calibration = None  # set by the strategy when "auto" is used
         self.refiner = None      # likewise
@@ -86,7 +95,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self.plan_override = None   # buckets chosen by tuning (bucketing.MGWFBP.tune)
         self.plan_inputs = None     # (sizes, alpha, beta) of the last plan
         self.bucket_plan = ()       # the buckets of the last traced gradient reduction
-        if not self._native_only:
+        if not self._native_only and config.engine == "tf":
             if pair_group_key_base is None:
                 raise ValueError("Argument `pair_group_key_base` is required when the "
                                  f"all-reduce configuration {config.allreduce} uses the "
@@ -167,13 +176,30 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         finally:
             self._gradient_reduction = False
 
-    def _graph_engine(self):
-        if self._engine is None:
-            self._engine = self.new_graph_engine()
+    def collective_engine(self):
+        """The engine that runs this strategy's schedules (config.engine)."""
+        with self._engine_lock:  # eager reductions run one thread per replica
+            if self._engine is None:
+                self._engine = self.new_engine(role=self._engine_role)
         return self._engine
 
-    def new_graph_engine(self, first_instance_key=0):
-        """A `GraphEngine` over this strategy's pair groups (see its arguments)."""
+    def new_engine(self, first_instance_key=0, role="main"):
+        """An engine for collectives that must not interleave with another engine's.
+
+        Args:
+            first_instance_key: The graph engine's instance-key range (see
+                `engine.GraphEngine`); engines sharing pair groups need
+                disjoint ones.
+            role: The UCX engine's communicators: one set per role and
+                topology in a process, shared by the strategies that use it
+                (their collectives never run at the same time).
+        """
+        if self.config.engine == "ucx":
+            # The same on every worker: it names the rendezvous keys.
+            name = f"{role}{first_instance_key or ''}-{self._group_size}x{len(self._devices)}"
+            return ucx_engine.engine_for(
+                name, self._devices, self._group_size, self.first_rank,
+                timeout_seconds=self._options.timeout_seconds or UCX_TIMEOUT_SECONDS)
         return engine_lib.GraphEngine(
             self._devices, self._group_size, self.first_rank, self._pair_group_key_base,
             timeout_seconds=self._options.timeout_seconds, first_instance_key=first_instance_key)
@@ -251,11 +277,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             if name == NATIVE:  # one tensor: TF's packing leaves it whole
                 return super()._all_reduce(_compat.ReduceOp.SUM, [buffer], replica_id,
                                            options)[0]
-            return self._graph_engine().all_reduce(buffer, replica_id, name)
+            return self.collective_engine().all_reduce(buffer, replica_id, name,
+                                                       label=f"tfdist/{name}/{bucket}")
 
     def _all_gather(self, tensor, replica_id, options):
         if self._group_size == 1:
             return tensor
+        if (self.config.engine == "ucx" and tensor.shape.is_fully_defined()
+                and tensor.shape.rank and tensor.dtype in ucx_engine.SUPPORTED_DTYPES):
+            shape = tensor.shape
+            gathered = self.collective_engine().all_gather(tf.reshape(tensor, [-1]), replica_id)
+            return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
     def _reduce_gradient_buffer(self, buffer, replica_id, options, step, key, counts):
@@ -360,4 +392,5 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         return CrossDeviceOps(self._devices, self._group_size, self._options,
                               copy.deepcopy(self._collective_keys, memo), self.config,
                               self._canonicalize_devices, worker_index=self._worker_index,
-                              pair_group_key_base=self._pair_group_key_base)
+                              pair_group_key_base=self._pair_group_key_base,
+                              engine_role=self._engine_role)

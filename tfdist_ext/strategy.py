@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing, cluster, compression, sync
 from tfdist_ext.collectives import auto, calibration, refine
+from tfdist_ext.collectives import engines
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
@@ -51,19 +52,25 @@ class StrategyConfig:
         compression: A `tfdist_ext.compression.Compressor`.
         sync: A `tfdist_ext.sync.SyncPolicy`.
         bucketing: A `tfdist_ext.bucketing.Planner` or None (one bucket).
+        engine: "ucx" or "tf" (`tfdist_ext.collectives.engines`).
     """
 
     allreduce: Any
     compression: Any
     sync: Any
     bucketing: Any
+    engine: str = "tf"
 
     @classmethod
-    def from_args(cls, allreduce=None, compression_=None, sync_=None, bucketing_=None):
+    def from_args(cls, allreduce=None, compression_=None, sync_=None, bucketing_=None,
+                  engine=None):
+        engine = engines.resolve(engine)
+        if allreduce is None:
+            allreduce = engines.default_algorithm(engine)
         config = cls(allreduce=allreduce_options.get(allreduce),
                      compression=compression.get(compression_),
                      sync=sync.get(sync_),
-                     bucketing=bucketing.get(bucketing_))
+                     bucketing=bucketing.get(bucketing_), engine=engine)
         config.sync.check_compression(config.compression)
         return config
 
@@ -72,8 +79,8 @@ class StrategyConfig:
         return _compat.CommunicationOptions(bytes_per_pack=self.allreduce.bytes_per_pack)
 
     def describe(self) -> str:
-        return (f"allreduce={self.allreduce}, compression={self.compression}, "
-                f"sync={self.sync}, bucketing={self.bucketing}")
+        return (f"engine={self.engine}, allreduce={self.allreduce}, "
+                f"compression={self.compression}, sync={self.sync}, bucketing={self.bucketing}")
 
 
 class _Extended(_compat.CollectiveAllReduceExtended):
@@ -117,7 +124,8 @@ class _Extended(_compat.CollectiveAllReduceExtended):
                 main._devices, main._group_size, self._communication_options,  # pylint: disable=protected-access
                 _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
                 self.tfdist_config, worker_index=self._id_in_cluster,
-                pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2 + quarter)
+                pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2 + quarter,
+                engine_role="background")
             # "auto" decides from the model here: timing on the background thread
             # would run beside the main thread's steps.
             self._background_ops.calibration = main.calibration
@@ -141,7 +149,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     Args:
         allreduce: Algorithm name, size-range dict or
-            `tfdist_ext.collectives.AllReduce`. Defaults to "native" (TF's ring).
+            `tfdist_ext.collectives.AllReduce`. Defaults to "ring" on the UCX
+            engine and "native" (TF's own ring) on the TF engine.
         compression: Name, dict or `tfdist_ext.compression.Compressor`.
             Defaults to "none".
         sync: Name, dict or `tfdist_ext.sync.SyncPolicy`. Defaults to "sync".
@@ -150,6 +159,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         num_replicas: Without TF_CONFIG: number of local replicas (GPUs if there
             are that many, else logical CPU devices). Must be None with
             TF_CONFIG, where each worker runs its local devices.
+        engine: What carries the bytes: "ucx" (tfdist_ext's C++ ops over UCX:
+            shared memory within a host, TCP/RDMA across hosts), "tf" (TF's
+            collective ops) or "auto" (the default: "ucx" where it is built,
+            else "tf" with a warning). See `tfdist_ext.collectives.engines`.
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the
@@ -159,8 +172,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     _key_counter = itertools.count()
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
-                 num_replicas: Optional[int] = None):
-        config = StrategyConfig.from_args(allreduce, compression, sync, bucketing)
+                 num_replicas: Optional[int] = None, engine: Optional[str] = None):
+        config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
         spec = cluster.cluster_from_env()
         devices = None
         if num_replicas is not None:

@@ -1,4 +1,4 @@
-"""Inputs, numpy references and graph checks shared by the graph-engine tests.
+"""Inputs, numpy references and graph checks shared by the engine tests.
 
 Used in-process (tests/collectives/test_engine_replicas.py) and by the worker
 program tests/workers/engine_checks.py, so both check the same matrix: every
@@ -13,6 +13,8 @@ DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
 SIZES = (0, 1, 1000, 2**20 + 3)
 CASES = tuple((dtype, size) for dtype in DTYPES for size in SIZES)
 COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveBcastSendV2", "CollectiveBcastRecvV2")
+UCX_OPS = ("TfdistUcxRun",)
+ENGINES = ("tf", "ucx")
 # bytes_per_pack=1 closes a pack after every tensor: one buffer (and one
 # schedule) per size. MEAN uses the strategy's default: one buffer per dtype.
 ONE_BUFFER_PER_TENSOR = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=1)
@@ -93,14 +95,20 @@ def collective_ops(graph):
             found.append((op.type, op.get_attr("T").name, int(key)))
         elif op.type == "Bitcast" and op.get_attr("T") == tf.bfloat16:
             found.append((op.type, "bfloat16", None))
+        elif op.type in UCX_OPS:
+            found.append((op.type, op.get_attr("T").name, None))
     return found
 
 
-def engine_problems(ops, pair_keys, world_size):
-    """Why `ops` do not show that the graph engine reduced every dtype."""
+def engine_problems(ops, pair_keys, world_size, engine="tf"):
+    """Why `ops` do not show that `engine` ("tf" or "ucx") reduced every dtype."""
     lo, hi = pair_keys
     if world_size == 1:
         return [f"{len(ops)} collectives for one replica"] if ops else []
+    wrong = [op for op in ops if (op[0] in UCX_OPS) != (engine == "ucx")
+             and op[0] != "Bitcast"]
+    if wrong:
+        return [f"{len(wrong)} collectives of the other engine, e.g. {wrong[0]}"]
     outside = [op for op in ops if op[2] is not None and not lo <= op[2] < hi]
     problems = [f"{len(outside)} collectives outside the pair key range, e.g. {outside[0]}"
                 ] if outside else []

@@ -1,7 +1,7 @@
-"""The graph engine with logical-CPU replicas in this process, against numpy and "native".
+"""Both engines with logical-CPU replicas in this process, against numpy and "native".
 
-One tf.function per (algorithm, replicas) reduces every dtype x size at once
-(see engine_cases.py), so the whole matrix costs one trace per pair.
+One tf.function per (engine, algorithm, replicas) reduces every dtype x size
+at once (see engine_cases.py), so the whole matrix costs one trace per case.
 """
 
 import functools
@@ -48,7 +48,8 @@ def _native_by_dtype(inputs):
 
 @functools.lru_cache(maxsize=None)
 def _native(num_replicas):
-    results, _ = _run(tfdist_ext.Strategy(num_replicas=num_replicas), _native_by_dtype)
+    results, _ = _run(tfdist_ext.Strategy(num_replicas=num_replicas, allreduce="native"),
+                      _native_by_dtype)
     return results
 
 
@@ -61,12 +62,13 @@ def test_every_algorithm_is_a_valid_allreduce_option():
 
 @pytest.mark.parametrize("num_replicas", REPLICAS)
 @pytest.mark.parametrize("name", collectives.ALGORITHMS.names())
-def test_engine_matches_numpy_and_native(name, num_replicas):
-    strategy = tfdist_ext.Strategy(num_replicas=num_replicas, allreduce=name)
+@pytest.mark.parametrize("engine", cases.ENGINES)
+def test_engine_matches_numpy_and_native(engine, name, num_replicas):
+    strategy = tfdist_ext.Strategy(num_replicas=num_replicas, allreduce=name, engine=engine)
     results, graph = _run(strategy, cases.replica_fn)
     lo, hi = strategy.collective_key_range
     problems = cases.engine_problems(cases.collective_ops(graph), (lo + (hi - lo) // 2, hi),
-                                     num_replicas)
+                                     num_replicas, engine)
     assert not problems, problems
     inputs = [_numpy_inputs(r) for r in range(num_replicas)]
     problems = cases.check(num_replicas, inputs, *results[0])

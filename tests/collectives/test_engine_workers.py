@@ -1,4 +1,4 @@
-"""The graph engine across worker processes (tfdist-run, TF_CONFIG, gRPC).
+"""Both engines across worker processes (tfdist-run, TF_CONFIG; gRPC or UCX).
 
 One launch per world size checks every algorithm x dtype x size x SUM/MEAN
 against numpy (tests/workers/engine_checks.py); the 2-worker launch also runs
@@ -17,9 +17,10 @@ pytestmark = pytest.mark.multiworker
 CHECKS = ROOT / "tests" / "workers" / "engine_checks.py"
 
 
-@pytest.mark.parametrize("num_workers", [2, 3, 4])
-def test_every_algorithm_reduces_across_workers(tmp_path, num_workers):
-    code, out, _ = launch(num_workers, [CHECKS, tmp_path], timeout=240)
+@pytest.mark.parametrize("engine,num_workers",
+                         [("tf", 2), ("tf", 3), ("tf", 4), ("ucx", 2), ("ucx", 3), ("ucx", 4)])
+def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
+    code, out, _ = launch(num_workers, [CHECKS, tmp_path, "--engine", engine], timeout=240)
     assert code == 0, out[-3000:]
     results = read_worker_json(tmp_path, num_workers)
     for name in collectives.ALGORITHMS.names():
@@ -30,8 +31,9 @@ def test_every_algorithm_reduces_across_workers(tmp_path, num_workers):
         assert len({r["sha"] for r in per_worker}) == 1, f"{name}: workers differ"
 
 
-def test_fit_with_every_algorithm_ends_where_native_ends_and_auto_refines_alike(tmp_path):
-    code, out, _ = launch(2, [CHECKS, tmp_path, "--fit"], timeout=240)
+@pytest.mark.parametrize("engine", ["tf", "ucx"])
+def test_fit_with_every_algorithm_ends_where_native_ends_and_auto_refines_alike(tmp_path, engine):
+    code, out, _ = launch(2, [CHECKS, tmp_path, "--fit", "--engine", engine], timeout=240)
     assert code == 0, out[-3000:]
     results = read_worker_json(tmp_path, 2)
     native = results[0]["fit"]["native"]

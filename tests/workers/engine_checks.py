@@ -1,8 +1,8 @@
 """Worker program for tests/collectives/test_engine_workers.py (run under tfdist-run).
 
-    python engine_checks.py OUT_DIR [--fit]
+    python engine_checks.py OUT_DIR [--fit] [--engine tf|ucx]
 
-For every graph-engine algorithm, one `tfdist_ext.Strategy(allreduce=name)`
+For every algorithm, one `tfdist_ext.Strategy(allreduce=name, engine=...)`
 reduces every dtype x size (tests/collectives/engine_cases.py) across the
 worker processes; inputs are seeded by rank, so each worker checks the result
 against numpy itself. With --fit, Keras `fit` runs once per algorithm, once
@@ -29,8 +29,8 @@ import tfdist_ext  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist_ext import collectives  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def check_reductions(name, num_workers, index):
-    strategy = tfdist_ext.Strategy(allreduce=name)
+def check_reductions(name, num_workers, index, engine):
+    strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
     inputs = strategy.experimental_distribute_values_from_function(
         lambda ctx: cases.tf_inputs(ctx.replica_id_in_sync_group))
     fn = tf.function(lambda x: strategy.run(cases.replica_fn, args=(x,)))
@@ -38,27 +38,28 @@ def check_reductions(name, num_workers, index):
     sums, means = [t.numpy() for t in sums], [t.numpy() for t in means]
     lo, hi = strategy.collective_key_range
     ops = cases.collective_ops(fn.get_concrete_function(inputs).graph)
-    problems = cases.engine_problems(ops, (lo + (hi - lo) // 2, hi), num_workers)
+    problems = cases.engine_problems(ops, (lo + (hi - lo) // 2, hi), num_workers, engine)
     problems += cases.check(num_workers, [cases.numpy_inputs(r) for r in range(num_workers)],
                             sums, means)
     digest = hashlib.sha256(b"".join(t.tobytes() for t in sums + means)).hexdigest()
     return {"rank": index, "problems": problems, "collectives": len(ops), "sha": digest}
 
 
-def check_refinement():
+def check_refinement(engine):
     strategy = tfdist_ext.Strategy(allreduce={"name": "auto", "calibrate": False,
-                                              "calibration_cache": None})
+                                              "calibration_cache": None}, engine=engine)
     refine_cases.tie_refiner(strategy)
     sums, ops = refine_cases.reduce_sizes(strategy)
     return {"problems": refine_cases.problems(strategy, sums, ops),
             "decisions": strategy.allreduce_refinements}
 
 
-def fit(name):
+def fit(name, engine):
     if name == "auto":  # probe and refine; no cache, so every run measures
-        strategy = tfdist_ext.Strategy(allreduce={"name": "auto", "calibration_cache": None})
+        strategy = tfdist_ext.Strategy(allreduce={"name": "auto", "calibration_cache": None},
+                                       engine=engine)
     else:
-        strategy = tfdist_ext.Strategy(allreduce=name)
+        strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(192, 5)).astype("float32")
     y = (x @ rng.normal(size=(5, 1))).astype("float32")
@@ -76,18 +77,20 @@ def fit(name):
 
 
 def main(out_dir, *flags):
+    engine = flags[flags.index("--engine") + 1] if "--engine" in flags else "tf"
     num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     names = collectives.ALGORITHMS.names()
     results = {"workers": num_workers}
     if "--fit" not in flags:
-        results["reduce"] = {name: check_reductions(name, num_workers, index) for name in names}
+        results["reduce"] = {name: check_reductions(name, num_workers, index, engine)
+                             for name in names}
     else:
         # "native" last: a strategy whose variables are created after a
         # native-path fit in the same process hung in TF's variable-init
         # broadcast (seen with 2 workers, TF 2.21); the reverse order works.
-        results["refine"] = check_refinement()
-        results["fit"] = {name: fit(name) for name in names + ["auto", "native"]}
+        results["refine"] = check_refinement(engine)
+        results["fit"] = {name: fit(name, engine) for name in names + ["auto", "native"]}
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
 

@@ -166,7 +166,7 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32,
     if algorithm == auto.NATIVE:
         reduce_fn = _native_reduce(cross_ops)
     else:
-        engine = engine or cross_ops._graph_engine()  # pylint: disable=protected-access
+        engine = engine or cross_ops.collective_engine()
         reduce_fn = lambda x, i: engine.all_reduce(x, i, algorithm)  # noqa: E731
 
     inputs = []

@@ -124,13 +124,15 @@ class GraphEngine:
                 self._tokens[local_index] = _compat.ResourceVariable(0.0, trainable=False)
         return self._tokens[local_index].handle
 
-    def all_reduce(self, flat, local_index: int, algorithm):
+    def all_reduce(self, flat, local_index: int, algorithm, label=None):
         """Sums the 1-D tensor `flat` over all replicas with `algorithm`.
 
         Builds, on ``devices[local_index]``, the ops of rank ``first_rank +
         local_index`` of ``schedule_fn(algorithm)``. Must be called for every
         local replica, and on every worker, with the same shapes in the same
         order. Returns the input itself when there is nothing to exchange.
+        `label` is accepted for the communicator interface; the caller's name
+        scope already labels these ops.
         """
         n = flat.shape.num_elements()
         if n is None or flat.shape.rank != 1:

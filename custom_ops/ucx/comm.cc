@@ -1,0 +1,472 @@
+// UCX communicator: executes encoded schedules (see comm.h).
+#include "ucx/comm.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "Eigen/Core"
+#include "tsl/profiler/lib/traceme.h"
+
+namespace tfdist_ucx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxRounds = 1 << 12;      // tag bits for the round
+constexpr uint32_t kMaxMessages = 1 << 16;  // tag bits for a message within (round, pair)
+
+// sender:16 | sequence:20 | round:12 | message:16
+uint64_t Tag(int sender, uint32_t seq, int round, uint32_t message) {
+  return (static_cast<uint64_t>(sender & 0xFFFF) << 48) |
+         (static_cast<uint64_t>(seq & 0xFFFFF) << 28) |
+         (static_cast<uint64_t>(round & 0xFFF) << 16) | (message & 0xFFFF);
+}
+
+// The process's UCP context, created once with TCP segments sized for
+// bandwidth (UCX's 8k/64k defaults are ~4x slower on loopback) unless the
+// user set them in the environment.
+ucp_context_h Context(std::string* error) {
+  static std::once_flag once;
+  static ucp_context_h context = nullptr;
+  static std::string context_error;
+  std::call_once(once, [] {
+    ucp_config_t* config = nullptr;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) {
+      context_error = std::string("ucp_config_read: ") + ucs_status_string(status);
+      return;
+    }
+    if (std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr)
+      ucp_config_modify(config, "TCP_TX_SEG_SIZE", "256k");
+    if (std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr)
+      ucp_config_modify(config, "TCP_RX_SEG_SIZE", "1M");
+    ucp_params_t params = {};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;
+    status = ucp_init(&params, config, &context);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+      context = nullptr;
+      context_error = std::string("ucp_init: ") + ucs_status_string(status);
+    }
+  });
+  if (context == nullptr) *error = context_error;
+  return context;
+}
+
+template <typename T>
+void AddInto(char* dst, const char* src, int64_t n) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] + s[i];
+}
+
+void Reduce(DType dtype, char* dst, const char* src, int64_t n) {
+  switch (dtype) {
+    case DType::kF16: return AddInto<Eigen::half>(dst, src, n);
+    case DType::kBF16: return AddInto<Eigen::bfloat16>(dst, src, n);
+    case DType::kF32: return AddInto<float>(dst, src, n);
+    case DType::kF64: return AddInto<double>(dst, src, n);
+    case DType::kI32: return AddInto<int32_t>(dst, src, n);
+    case DType::kI64: return AddInto<int64_t>(dst, src, n);
+  }
+}
+
+bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start < a.stop; }
+
+std::mutex registry_mu;
+// Never destroyed: communicators may outlive static destruction at exit.
+auto* registry = new std::map<int64_t, std::shared_ptr<Comm>>();
+int64_t next_handle = 1;
+
+}  // namespace
+
+std::string ParsePlan(const std::vector<int64_t>& flat, int world_size, Plan* plan) {
+  size_t i = 0;
+  auto next = [&](int64_t* value) {
+    if (i >= flat.size()) return false;
+    *value = flat[i++];
+    return true;
+  };
+  int64_t num_rounds;
+  if (!next(&num_rounds) || num_rounds < 0 || num_rounds > kMaxRounds)
+    return "bad round count (at most 4096 rounds)";
+  plan->rounds.resize(num_rounds);
+  for (auto& round : plan->rounds) {
+    int64_t num_steps;
+    if (!next(&num_steps) || num_steps < 0) return "bad step count";
+    for (int64_t s = 0; s < num_steps; ++s) {
+      int64_t kind, peer, start, stop;
+      if (!next(&kind) || !next(&peer) || !next(&start) || !next(&stop)) return "truncated";
+      if (kind < kSend || kind > kRecvCopy) return "bad step kind " + std::to_string(kind);
+      if (peer < 0 || peer >= world_size) return "bad peer " + std::to_string(peer);
+      if (start < 0 || stop <= start) return "bad range";
+      round.push_back({static_cast<StepKind>(kind), static_cast<int>(peer), start, stop});
+    }
+  }
+  if (i != flat.size()) return "trailing values";
+  return "";
+}
+
+struct Comm::Pending {
+  Comm* comm;
+  const Step* step;
+  bool is_recv, deferred, done;
+  char* dst;          // receive: where the bytes land
+  char* target;       // receive and add: the buffer range they are added to
+  int64_t elements;
+  ucs_status_t status;
+  int* outstanding;
+  const Job* job;
+};
+
+Comm::Comm(int rank, int world_size, CommOptions options)
+    : rank_(rank), world_size_(world_size), options_(options) {
+  ucp_context_h context = Context(&init_error_);
+  if (context == nullptr) return;
+  ucp_worker_params_t params = {};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucs_status_t status = ucp_worker_create(context, &params, &worker_);
+  if (status != UCS_OK) {
+    init_error_ = std::string("ucp_worker_create: ") + ucs_status_string(status);
+    worker_ = nullptr;
+    return;
+  }
+  if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
+  ucp_address_t* address;
+  size_t length;
+  status = ucp_worker_get_address(worker_, &address, &length);
+  if (status != UCS_OK) {
+    init_error_ = std::string("ucp_worker_get_address: ") + ucs_status_string(status);
+    return;
+  }
+  address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker_, address);
+  endpoints_.assign(world_size_, nullptr);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Comm::~Comm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (worker_ == nullptr) return;
+  if (error_.empty()) {
+    std::vector<void*> closing;
+    for (ucp_ep_h ep : endpoints_) {
+      if (ep == nullptr) continue;
+      ucp_request_param_t param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* request = ucp_ep_close_nbx(ep, &param);
+      if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+    }
+    auto deadline = Clock::now() + std::chrono::seconds(2);
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+        ucp_worker_progress(worker_);
+      ucp_request_free(request);
+    }
+    ucp_worker_destroy(worker_);
+  }
+  // After a failure UCX may still reference retired buffers: leak the worker.
+}
+
+std::string Comm::Connect(const std::vector<std::string>& addresses) {
+  if (!init_error_.empty()) return init_error_;
+  if (static_cast<int>(addresses.size()) != world_size_)
+    return "expected " + std::to_string(world_size_) + " addresses, got " +
+           std::to_string(addresses.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_ || endpoints_[peer] != nullptr) continue;
+    endpoint_args_.push_back(std::make_unique<std::pair<Comm*, int>>(this, peer));
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[peer].data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &Comm::OnEndpointError;
+    params.err_handler.arg = endpoint_args_.back().get();
+    ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
+    if (status != UCS_OK) {
+      endpoints_[peer] = nullptr;
+      return "ucp_ep_create to rank " + std::to_string(peer) + ": " + ucs_status_string(status);
+    }
+  }
+  return "";
+}
+
+void Comm::Submit(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void Comm::Loop() {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::string error = error_;
+    if (error.empty()) {
+      tsl::profiler::TraceMe trace([&] { return job.name; });
+      error = Run(job, next_seq_++);
+      if (!error.empty()) {
+        error_ = error;
+        retired_on_error_.push_back(job);
+      }
+    }
+    job.done(error);
+  }
+}
+
+std::string Comm::Run(const Job& job, uint32_t seq) {
+  for (int r = 0; r < static_cast<int>(job.plan->rounds.size()); ++r) {
+    std::string error = RunRound(job, seq, r);
+    if (!error.empty()) return error;
+  }
+  return "";
+}
+
+std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
+  const std::vector<Step>& steps = job.plan->rounds[round_index];
+  const size_t itemsize = job.itemsize;
+  int64_t segment = std::max<int64_t>(1, options_.segment_bytes / static_cast<int64_t>(itemsize));
+  segment = std::max<int64_t>(segment, job.num_elements / (kMaxMessages - 1024) + 1);
+
+  // A receive goes through scratch when it adds, or when a send or another
+  // receive of the round touches its range (applied after the round, in order).
+  std::vector<char> deferred(steps.size(), 0);
+  std::vector<int64_t> scratch_offset(steps.size(), -1);
+  int64_t scratch_bytes = 0;
+  size_t num_messages = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    num_messages += (step.stop - step.start + segment - 1) / segment;
+    if (step.kind == kSend) continue;
+    for (size_t j = 0; j < steps.size(); ++j)
+      if (j != i && Overlap(step, steps[j])) deferred[i] = 1;
+    if (step.kind == kRecvReduce || deferred[i]) {
+      scratch_offset[i] = scratch_bytes;
+      scratch_bytes += (step.stop - step.start) * itemsize;
+    }
+  }
+  if (static_cast<int64_t>(scratch_.size()) < scratch_bytes) scratch_.resize(scratch_bytes);
+
+  auto* pending = new std::vector<Pending>();  // leaked on failure: UCX may still write
+  pending->reserve(num_messages);
+  int outstanding = 0;
+  std::vector<uint32_t> sent(world_size_, 0), received(world_size_, 0);
+  ucp_tag_recv_info_t recv_info;
+
+  auto post = [&](const Step& step, int64_t start, int64_t stop, bool defer,
+                  char* scratch) -> std::string {
+    pending->push_back({});
+    Pending& p = pending->back();
+    p.comm = this;
+    p.step = &step;
+    p.is_recv = step.kind != kSend;
+    p.deferred = defer;
+    p.elements = stop - start;
+    p.outstanding = &outstanding;
+    p.job = &job;
+    p.target = job.data + start * itemsize;
+    const size_t bytes = (stop - start) * itemsize;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                         UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_contig(1);
+    param.user_data = &p;
+    void* request;
+    if (p.is_recv) {
+      p.dst = scratch != nullptr ? scratch : p.target;
+      param.cb.recv = &Comm::OnRecv;
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+      param.recv_info.tag_info = &recv_info;
+      uint32_t message = received[step.peer]++;
+      request = ucp_tag_recv_nbx(worker_, p.dst, bytes,
+                                 Tag(step.peer, seq, round_index, message), ~uint64_t{0},
+                                 &param);
+    } else {
+      param.cb.send = &Comm::OnSend;
+      uint32_t message = sent[step.peer]++;
+      if (endpoints_[step.peer] == nullptr)
+        return "no endpoint to rank " + std::to_string(step.peer) + " (not connected)";
+      request = ucp_tag_send_nbx(endpoints_[step.peer], p.target, bytes,
+                                 Tag(rank_, seq, round_index, message), &param);
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+      return std::string("posting a message to rank ") + std::to_string(step.peer) + ": " +
+             ucs_status_string(UCS_PTR_STATUS(request));
+    }
+    if (request == nullptr) {  // completed in place
+      p.done = true;
+      p.status = UCS_OK;
+      if (p.is_recv && !p.deferred && step.kind == kRecvReduce)
+        Reduce(job.dtype, p.target, p.dst, p.elements);
+    } else {
+      ++outstanding;
+    }
+    return "";
+  };
+
+  // Receives first, so data that arrives early lands in place.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Step& step = steps[i];
+      if ((step.kind == kSend) != (pass == 1)) continue;
+      for (int64_t s = step.start; s < step.stop; s += segment) {
+        int64_t e = std::min(step.stop, s + segment);
+        char* scratch = scratch_offset[i] < 0
+                            ? nullptr
+                            : scratch_.data() + scratch_offset[i] + (s - step.start) * itemsize;
+        std::string error = post(step, s, e, deferred[i], scratch);
+        if (!error.empty()) return error;
+      }
+    }
+  }
+
+  std::string error = Wait(*pending, outstanding, job, round_index);
+  if (!error.empty()) return error;  // `pending` stays allocated
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    if (step.kind == kSend || !deferred[i]) continue;
+    char* target = job.data + step.start * itemsize;
+    const char* source = scratch_.data() + scratch_offset[i];
+    if (step.kind == kRecvReduce)
+      Reduce(job.dtype, target, source, step.stop - step.start);
+    else
+      std::memcpy(target, source, (step.stop - step.start) * itemsize);
+  }
+  delete pending;
+  return "";
+}
+
+std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, const Job& job,
+                       int round_index) {
+  const auto spin = std::chrono::microseconds(options_.spin_us);
+  const auto timeout = std::chrono::duration<double>(options_.timeout_seconds);
+  auto last_event = Clock::now(), last_completion = last_event;
+  int last_outstanding = outstanding;
+  while (outstanding > 0) {
+    unsigned events = ucp_worker_progress(worker_);
+    if (bad_ != nullptr) {
+      std::ostringstream out;
+      out << (bad_->is_recv ? "receiving from" : "sending to") << " rank " << bad_->step->peer
+          << " failed: " << ucs_status_string(bad_->status);
+      if (bad_->status == UCS_ERR_MESSAGE_TRUNCATED)
+        out << " (the ranks disagree on the tensor size)";
+      return out.str();
+    }
+    int failed = failed_peer_.load();
+    if (failed >= 0)
+      return "the connection to rank " + std::to_string(failed) +
+             " failed (the worker exited or its host is unreachable)";
+    auto now = Clock::now();
+    if (outstanding != last_outstanding) {
+      last_outstanding = outstanding;
+      last_completion = now;
+    }
+    if (events != 0) {
+      last_event = now;
+      continue;
+    }
+    if (now - last_event < spin) continue;
+    if (options_.timeout_seconds > 0 && now - last_completion > timeout) {
+      std::vector<int> waiting;
+      for (const Pending& p : pending)
+        if (!p.done && std::find(waiting.begin(), waiting.end(), p.step->peer) == waiting.end())
+          waiting.push_back(p.step->peer);
+      std::ostringstream out;
+      out << "no progress for " << options_.timeout_seconds << " s in round "
+          << round_index + 1 << " of " << job.plan->rounds.size() << ", waiting for rank(s)";
+      for (int peer : waiting) out << " " << peer;
+      out << " (stopped, crashed or stuck)";
+      return out.str();
+    }
+    // Sleep until the worker has an event; where the transports raise none
+    // (arm keeps answering busy), sleep briefly instead of spinning.
+    if (event_fd_ >= 0 && ucp_worker_arm(worker_) == UCS_OK) {
+      struct pollfd fd = {event_fd_, POLLIN, 0};
+      poll(&fd, 1, 1);
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  return "";
+}
+
+void Comm::OnSend(void* request, ucs_status_t status, void* user_data) {
+  auto* p = static_cast<Pending*>(user_data);
+  p->done = true;
+  p->status = status;
+  if (status != UCS_OK) p->comm->bad_ = p;
+  --*p->outstanding;
+  ucp_request_free(request);
+}
+
+void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                  void* user_data) {
+  auto* p = static_cast<Pending*>(user_data);
+  p->status = status;
+  const size_t expected = p->elements * p->job->itemsize;
+  if (status == UCS_OK && info != nullptr && info->length != expected)
+    p->status = UCS_ERR_MESSAGE_TRUNCATED;
+  if (p->status == UCS_OK && !p->deferred && p->step->kind == kRecvReduce)
+    Reduce(p->job->dtype, p->target, p->dst, p->elements);
+  if (p->status != UCS_OK) p->comm->bad_ = p;
+  p->done = true;
+  --*p->outstanding;
+  ucp_request_free(request);
+}
+
+void Comm::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t) {
+  auto* peer = static_cast<std::pair<Comm*, int>*>(arg);
+  int expected = -1;
+  peer->first->failed_peer_.compare_exchange_strong(expected, peer->second);
+}
+
+int64_t Register(std::shared_ptr<Comm> comm) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  int64_t handle = next_handle++;
+  (*registry)[handle] = std::move(comm);
+  return handle;
+}
+
+std::shared_ptr<Comm> Lookup(int64_t handle) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = registry->find(handle);
+  return it == registry->end() ? nullptr : it->second;
+}
+
+void Unregister(int64_t handle) {
+  std::shared_ptr<Comm> comm;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    auto it = registry->find(handle);
+    if (it == registry->end()) return;
+    comm = std::move(it->second);
+    registry->erase(it);
+  }
+}
+
+}  // namespace tfdist_ucx

@@ -1,0 +1,135 @@
+// A UCX communicator that runs tfdist_ext collective schedules.
+//
+// One `Comm` per rank (a worker process's replica). It owns a UCP worker and an
+// endpoint to every peer, and one executor thread that runs submitted jobs in
+// submission order. Every rank must submit the same jobs in the same order; a
+// job's plan is the rank's `Schedule` (tfdist_ext/collectives/schedule.py)
+// encoded by `tfdist_ext.transport.plan.encode`:
+//
+//   [num_rounds, {num_steps, {kind, peer, start, stop} * num_steps} * num_rounds]
+//   kind: 0 = send, 1 = receive and add, 2 = receive and overwrite.
+//
+// Semantics are the schedule contract: sends read the buffer as it was at the
+// start of the round, receives are applied in the order listed. Each step is
+// cut into segments of at most `segment_bytes`, all posted at once, and a
+// received segment is reduced as soon as it arrives when nothing else in the
+// round touches its range (transfer and reduction overlap).
+//
+// Progress: the executor thread sleeps on a condition variable while it has no
+// job. Inside a job it polls the UCP worker for up to `spin_us` microseconds
+// without an event, then arms the worker and sleeps on its event descriptor, so
+// a late peer never costs a core.
+#ifndef TFDIST_CUSTOM_OPS_UCX_COMM_H_
+#define TFDIST_CUSTOM_OPS_UCX_COMM_H_
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tfdist_ucx {
+
+enum StepKind : int64_t { kSend = 0, kRecvReduce = 1, kRecvCopy = 2 };
+
+struct Step {
+  StepKind kind;
+  int peer;
+  int64_t start, stop;  // element range, never empty
+};
+
+struct Plan {
+  std::vector<std::vector<Step>> rounds;
+};
+
+// Parses an encoded plan; returns an empty string on success, else the problem.
+std::string ParsePlan(const std::vector<int64_t>& flat, int world_size, Plan* plan);
+
+enum class DType { kF16, kBF16, kF32, kF64, kI32, kI64 };
+
+// One collective to run: the plan over `num_elements` elements at `data`.
+struct Job {
+  std::shared_ptr<const Plan> plan;
+  DType dtype;
+  size_t itemsize;
+  char* data;
+  int64_t num_elements;
+  std::string name;  // profiler label, e.g. "tfdist/ring/b0"
+  std::shared_ptr<void> keep_alive;  // owns `data` until the job is retired
+  std::function<void(const std::string& error)> done;  // error empty on success
+};
+
+struct CommOptions {
+  double timeout_seconds = 30.0;  // <= 0: wait forever
+  int64_t segment_bytes = 1 << 20;
+  int spin_us = 200;
+};
+
+class Comm {
+ public:
+  // Creates the UCP worker; `Connect` must follow before `Submit`.
+  Comm(int rank, int world_size, CommOptions options);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Non-empty when construction failed.
+  const std::string& init_error() const { return init_error_; }
+  // This worker's UCP address, to publish to the peers.
+  const std::string& address() const { return address_; }
+  // Creates an endpoint to every peer from their addresses (index = rank).
+  std::string Connect(const std::vector<std::string>& addresses);
+  // Queues a job; `job.done` is called from the executor thread.
+  void Submit(Job job);
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  struct Pending;
+  void Loop();
+  std::string Run(const Job& job, uint32_t seq);
+  std::string RunRound(const Job& job, uint32_t seq, int round_index);
+  std::string Wait(std::vector<Pending>& pending, const int& outstanding, const Job& job,
+                   int round_index);
+
+  static void OnSend(void* request, ucs_status_t status, void* user_data);
+  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                     void* user_data);
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const int rank_, world_size_;
+  const CommOptions options_;
+  std::string init_error_, address_;
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;
+  std::vector<ucp_ep_h> endpoints_;
+  std::vector<std::unique_ptr<std::pair<Comm*, int>>> endpoint_args_;
+  std::atomic<int> failed_peer_{-1};
+  Pending* bad_ = nullptr;  // a message of the current round that failed
+  std::string error_;  // once set, the communicator is unusable (executor thread only)
+  std::vector<char> scratch_;
+  std::vector<Job> retired_on_error_;  // buffers UCX may still touch after a failure
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  uint32_t next_seq_ = 0;
+  std::thread thread_;
+};
+
+// Process-wide table of communicators, addressed by the int64 handle the ops take.
+int64_t Register(std::shared_ptr<Comm> comm);
+std::shared_ptr<Comm> Lookup(int64_t handle);
+void Unregister(int64_t handle);
+
+}  // namespace tfdist_ucx
+
+#endif  // TFDIST_CUSTOM_OPS_UCX_COMM_H_
