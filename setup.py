@@ -148,6 +148,8 @@ setup(
     # getting `tensorflow-cpu` beside it; it must be installed before building.
     install_requires=["keras>=3.15,<4", "numpy", "tensorboard"],
     extras_require={"cpu": ["tensorflow-cpu==2.21.*"], "gpu": ["tensorflow==2.21.*"],
+                    "ucx": ["libucx-cu12>=1.22,<1.23"],
+                    "bench": ["torch>=2.13,<2.14"],  # the Gloo peer rows of bench/engines.py
                     "examples": ["mnist1d", "scikit-learn", "matplotlib"],
                     "test": ["pytest", "mnist1d", "scikit-learn", "matplotlib"]},
     ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),

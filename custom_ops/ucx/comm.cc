@@ -191,14 +191,11 @@ std::string Comm::Connect(const std::vector<std::string>& addresses) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_ || endpoints_[peer] != nullptr) continue;
-    endpoint_args_.push_back(std::make_unique<std::pair<Comm*, int>>(this, peer));
+    // Peer error handling (UCP_ERR_HANDLING_MODE_PEER) would rule out the
+    // shared-memory transports; a dead peer is caught by the progress timeout.
     ucp_ep_params_t params = {};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = reinterpret_cast<const ucp_address_t*>(addresses[peer].data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &Comm::OnEndpointError;
-    params.err_handler.arg = endpoint_args_.back().get();
     ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
     if (status != UCS_OK) {
       endpoints_[peer] = nullptr;
@@ -377,10 +374,6 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
         out << " (the ranks disagree on the tensor size)";
       return out.str();
     }
-    int failed = failed_peer_.load();
-    if (failed >= 0)
-      return "the connection to rank " + std::to_string(failed) +
-             " failed (the worker exited or its host is unreachable)";
     auto now = Clock::now();
     if (outstanding != last_outstanding) {
       last_outstanding = outstanding;
@@ -437,12 +430,6 @@ void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*
   p->done = true;
   --*p->outstanding;
   ucp_request_free(request);
-}
-
-void Comm::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t) {
-  auto* peer = static_cast<std::pair<Comm*, int>*>(arg);
-  int expected = -1;
-  peer->first->failed_peer_.compare_exchange_strong(expected, peer->second);
 }
 
 int64_t Register(std::shared_ptr<Comm> comm) {

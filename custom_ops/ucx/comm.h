@@ -18,7 +18,8 @@
 // Progress: the executor thread sleeps on a condition variable while it has no
 // job. Inside a job it polls the UCP worker for up to `spin_us` microseconds
 // without an event, then arms the worker and sleeps on its event descriptor, so
-// a late peer never costs a core.
+// a late peer never costs a core. A peer that sends nothing for
+// `timeout_seconds` fails the job, naming it; the communicator then stays failed.
 #ifndef TFDIST_CUSTOM_OPS_UCX_COMM_H_
 #define TFDIST_CUSTOM_OPS_UCX_COMM_H_
 
@@ -102,7 +103,6 @@ class Comm {
   static void OnSend(void* request, ucs_status_t status, void* user_data);
   static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                      void* user_data);
-  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const int rank_, world_size_;
   const CommOptions options_;
@@ -110,8 +110,6 @@ class Comm {
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   std::vector<ucp_ep_h> endpoints_;
-  std::vector<std::unique_ptr<std::pair<Comm*, int>>> endpoint_args_;
-  std::atomic<int> failed_peer_{-1};
   Pending* bad_ = nullptr;  // a message of the current round that failed
   std::string error_;  // once set, the communicator is unusable (executor thread only)
   std::vector<char> scratch_;

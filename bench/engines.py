@@ -1,0 +1,252 @@
+"""Engines side by side: tfdist_ext over UCX, TF's collectives, PyTorch's Gloo.
+
+    python bench/engines.py --workers 2 --sizes 1KB,64KB,1MB,16MB,64MB --json out.json --png out.png
+    python bench/engines.py --workers 2 --transport tcp ...   # UCX forced to TCP
+    python bench/engines.py --replicas 4 --sizes 16MB         # logical CPUs, one process
+
+One job, the same worker processes, float32, every row timed the same way: a
+call chains `--steps` all-reduces and starts right after a barrier; min and
+median over `--repeat` calls. Rows:
+    * ``ucx:<algorithm>``: the UCX engine (`engine="ucx"`);
+    * ``tf:native``: TF's own CollectiveReduceV2 ring (what stock
+      MultiWorkerMirroredStrategy does), and ``tf:<algorithm>``: the graph engine;
+    * ``gloo``: `torch.distributed.all_reduce` with the Gloo backend, when
+      torch is installed (the `bench` extra), in the same processes.
+The machine's limits are measured in the same run: memcpy (numpy copy of the
+largest size) and one loopback TCP stream (`--transport` decides whether UCX
+may use shared memory, ``UCX_TLS=tcp`` otherwise). algbw = bytes / time;
+busbw = algbw * 2(p-1)/p as in nccl-tests. The chief's times are reported,
+with each row's ratio to Gloo and to tf:native.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None)
+    where.add_argument("--replicas", type=int, default=None)
+    parser.add_argument("--sizes", default="1KB,64KB,1MB,16MB,64MB")
+    parser.add_argument("--ucx", default="ring,butterfly",
+                        help="UCX-engine algorithms (comma-separated)")
+    parser.add_argument("--tf", default="native",
+                        help="TF-engine algorithms: 'native' and/or graph-engine names")
+    parser.add_argument("--transport", choices=("any", "tcp"), default="any",
+                        help="'tcp' sets UCX_TLS=tcp: the cross-host path on one machine")
+    parser.add_argument("--repeat", type=int, default=21)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
+    parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    return parser.parse_args(argv)
+
+
+def relaunch(args, argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.transport == "tcp":
+        env["UCX_TLS"] = "tcp"
+    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
+               sys.executable, __file__, *argv]
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def memcpy_gbps(nbytes, repeats=5):
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return nbytes / best / 1e9
+
+
+def loopback_tcp_gbps(nbytes=256 << 20):
+    """One TCP stream over 127.0.0.1 between two threads (4 MB writes)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def drain():
+        conn, _ = server.accept()
+        view, left = bytearray(4 << 20), nbytes
+        while left:
+            left -= conn.recv_into(view, min(len(view), left))
+        conn.sendall(b"x")
+        conn.close()
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    data = b"\0" * (4 << 20)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        start = time.perf_counter()
+        for _ in range(nbytes // len(data)):
+            conn.sendall(data)
+        conn.recv(1)
+        seconds = time.perf_counter() - start
+    thread.join()
+    server.close()
+    return nbytes / seconds / 1e9
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def gloo_times(sizes, steps_for, repeats, rank, world, port):
+    """Seconds per all-reduce for each size with torch.distributed's Gloo backend."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    out = {}
+    for size in sizes:
+        x = torch.ones(max(size // 4, 1), dtype=torch.float32)
+        steps = steps_for(size)
+        dist.all_reduce(x)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                dist.all_reduce(x)
+            times.append((time.perf_counter() - start) / steps)
+        out[size] = times
+    dist.destroy_process_group()
+    return out
+
+
+def run(args):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist_ext  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.collectives import calibration, options  # pylint: disable=import-outside-toplevel
+
+    tf.get_logger().setLevel("ERROR")
+    ucx = tfdist_ext.Strategy(engine="ucx", num_replicas=args.replicas)
+    graph = tfdist_ext.Strategy(engine="tf", allreduce="ring", num_replicas=args.replicas)
+    ucx_ops = ucx.extended._cross_device_ops  # pylint: disable=protected-access
+    tf_ops = graph.extended._cross_device_ops  # pylint: disable=protected-access
+    world = ucx.num_replicas_in_sync
+    spec = ucx.cluster
+    rank = spec.task_index if spec else 0
+    sizes = [options.parse_size(s) for s in args.sizes.split(",")]
+
+    def steps_for(size):
+        return args.steps or (8 if size < (1 << 20) else 2)
+
+    barrier = calibration.barrier_fn(tf_ops)
+    rows = {}
+    for size in sizes:
+        n, steps = max(size // 4, 1), steps_for(size)
+        fns = {f"ucx:{a}": calibration.all_reduce_fn(ucx_ops, a, n, steps)
+               for a in args.ucx.split(",") if a}
+        fns.update({f"tf:{a}": calibration.all_reduce_fn(tf_ops, a, n, steps)
+                    for a in args.tf.split(",") if a})
+        for name, times in calibration.time_interleaved(fns, args.repeat, barrier, steps).items():
+            rows[(name, size)] = times
+        if rank == 0:
+            print(f"{size:>10} " + "  ".join(
+                f"{name} {1e3 * np.median(rows[(name, size)]):.3f} ms" for name in fns),
+                flush=True)
+    has_torch = False
+    if not args.no_gloo and spec is not None:
+        try:
+            import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+            has_torch = True
+        except ImportError:
+            if rank == 0:
+                print("torch is not installed: no Gloo rows (pip install torch)", flush=True)
+    if has_torch:
+        port = int(spec.jobs["worker"][0].rsplit(":", 1)[1]) + 1
+        for size, times in gloo_times(sizes, steps_for, args.repeat, rank, world, port).items():
+            rows[("gloo", size)] = times
+    if rank != 0:
+        return 0
+    limits = {"memcpy_GBps": memcpy_gbps(max(sizes)), "loopback_tcp_GBps": loopback_tcp_gbps()}
+    records = []
+    for (name, size), times in rows.items():
+        t_min, t_med = min(times), float(np.median(times))
+        algbw = size / t_med / 1e9
+        records.append({"engine": name.split(":")[0], "row": name, "world": world,
+                        "placement": "workers" if spec else "replicas",
+                        "transport": args.transport, "bytes": size,
+                        "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
+                        "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
+                        **limits})
+    summarize(records, args, limits)
+    return 0
+
+
+def summarize(records, args, limits):
+    by = {(r["row"], r["bytes"]): r for r in records}
+    for r in records:
+        for base in ("gloo", "tf:native"):
+            other = by.get((base, r["bytes"]))
+            if other is not None:
+                r[f"speedup_vs_{base.replace(':', '_')}"] = (other["time_ms_median"]
+                                                              / r["time_ms_median"])
+    print(f"limits: memcpy {limits['memcpy_GBps']:.2f} GB/s, loopback TCP "
+          f"{limits['loopback_tcp_GBps']:.2f} GB/s; UCX transport: {args.transport}")
+    print(f"{'bytes':>10} {'row':<16} {'min ms':>9} {'med ms':>9} {'algbw':>7} {'busbw':>7} "
+          f"{'x gloo':>7} {'x tf':>7}")
+    for r in sorted(records, key=lambda r: (r["bytes"], r["row"])):
+        print(f"{r['bytes']:>10} {r['row']:<16} {r['time_ms_min']:9.3f} "
+              f"{r['time_ms_median']:9.3f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} "
+              f"{r.get('speedup_vs_gloo', float('nan')):7.2f} "
+              f"{r.get('speedup_vs_tf_native', float('nan')):7.2f}")
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.png:
+        plot(records, args.png, limits)
+
+
+def plot(records, path, limits):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for row in sorted({r["row"] for r in records}):
+        pts = sorted((r for r in records if r["row"] == row), key=lambda r: r["bytes"])
+        ax.plot([r["bytes"] for r in pts], [r["algbw_GBps"] for r in pts], marker="o",
+                label=row, linewidth=3 if row.startswith("ucx") else 1.2)
+    ax.axhline(limits["loopback_tcp_GBps"], color="gray", linestyle="--",
+               label="loopback TCP stream")
+    ax.axhline(limits["memcpy_GBps"], color="black", linestyle=":", label="memcpy")
+    first = records[0]
+    ax.set(xscale="log", yscale="log", xlabel="bytes (float32)", ylabel="algbw GB/s (median)",
+           title=f"All-reduce on {first['world']} {first['placement']}, UCX transport: "
+                 f"{first['transport']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.workers and "TF_CONFIG" not in os.environ:
+        return relaunch(args, argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
