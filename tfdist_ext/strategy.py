@@ -161,8 +161,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             TF_CONFIG, where each worker runs its local devices.
         engine: What carries the bytes: "ucx" (tfdist_ext's C++ ops over UCX:
             shared memory within a host, TCP/RDMA across hosts), "tf" (TF's
-            collective ops) or "auto" (the default: "ucx" where it is built,
-            else "tf" with a warning). See `tfdist_ext.collectives.engines`.
+            collective ops) or "auto" ("ucx" where it is built, else "tf"
+            with a warning). Defaults to "tf". See
+            `tfdist_ext.collectives.engines`.
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the

@@ -5,8 +5,10 @@
       hosts. Needs the `libucx-cu12` wheel when tfdist_ext is built.
     * ``"tf"``: the same schedules built from TF's collective ops over gRPC
       (`engine.py`), portable but with ~1 ms of executor cost per message.
-    * ``"auto"`` (the default): "ucx" where its library is built for the
-      running TensorFlow, else "tf" with a warning that says what to install.
+    * ``"auto"``: "ucx" where its library is built for the running
+      TensorFlow, else "tf" with a warning that says what to install.
+    * None (the default) is "tf" for now: the test suite does not yet pass
+      with every feature on the UCX engine (see README, Status).
 
 Independent of the algorithm: ``allreduce="native"`` always means TF's own
 CollectiveReduceV2 ring, whatever the engine.
@@ -20,7 +22,7 @@ ENGINES = ("auto", "ucx", "tf")
 
 
 def resolve(engine) -> str:
-    """"ucx" or "tf" for an `engine=` value (None means "auto").
+    """"ucx" or "tf" for an `engine=` value (None means "tf").
 
     Only reads build stamps: it never loads the library or starts TF's runtime.
 
@@ -29,7 +31,7 @@ def resolve(engine) -> str:
         UcxUnavailableError: "ucx" was asked for and cannot be used.
     """
     if engine is None:
-        engine = "auto"
+        engine = "tf"
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
             f"Argument `engine` must be one of {', '.join(map(repr, ENGINES))}; received "

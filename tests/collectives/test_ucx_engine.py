@@ -1,0 +1,90 @@
+"""The UCX engine's own surface: gather/broadcast schedules, start/wait, options.
+
+The all-reduce matrix of every algorithm runs in test_engine_replicas.py and
+test_engine_workers.py (both engines); Keras fit in test_engine_workers.py.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext.collectives import gather, simulate, ucx_engine
+from tfdist_ext.ops import ucx as ucx_ops
+
+needs_ucx = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+def test_all_gather_schedule_gathers_every_block(p):
+    block = 3
+    inputs = [np.where(np.arange(p * block) // block == r, r + 1.0, 0.0) for r in range(p)]
+    expected = np.repeat(np.arange(1.0, p + 1), block)
+    for out in simulate(lambda w, r, n: gather.all_gather_schedule(w, r, n // w), p, inputs):
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("root", [0, 2])
+def test_broadcast_schedule_copies_the_root(p, root):
+    if root >= p:
+        with pytest.raises(ValueError, match=r"Argument `root` must be a rank in \[0, "):
+            gather.broadcast_schedule(p, 0, 4, root=root)
+        return
+    inputs = [np.full(4, float(r)) for r in range(p)]
+    for out in simulate(lambda w, r, n: gather.broadcast_schedule(w, r, n, root=root), p, inputs):
+        np.testing.assert_array_equal(out, np.full(4, float(root)))
+
+
+def test_encode_lays_out_rounds_and_steps():
+    # Ring, 2 ranks, rank 0, chunks [0, 2) and [2, 4): reduce-scatter round,
+    # then all-gather round.
+    schedule = tfdist_ext.collectives.schedule_fn("ring")(2, 0, 4)
+    assert ucx_engine.encode(schedule) == [2,
+                                           2, 0, 1, 0, 2, 1, 1, 2, 4,
+                                           2, 0, 1, 2, 4, 2, 1, 0, 2]
+
+
+def test_engine_option_is_validated():
+    with pytest.raises(ValueError, match=r"Argument `engine` must be one of 'auto', 'ucx', "
+                                         r"'tf'; received 'gpu'"):
+        tfdist_ext.Strategy(engine="gpu", num_replicas=2)
+
+
+@needs_ucx
+def test_engine_selects_ucx_and_ring_by_default_there():
+    strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=2)
+    assert strategy.config.engine == "ucx"
+    assert strategy.config.allreduce.algorithm == "ring"
+    assert tfdist_ext.Strategy(num_replicas=2).config.engine == "tf"
+
+
+@needs_ucx
+def test_gather_broadcast_and_start_wait_across_three_replicas():
+    strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3)
+    engine = strategy.extended._cross_device_ops.collective_engine()  # pylint: disable=protected-access
+    dtypes = (tf.float32, tf.bfloat16, tf.int64)
+
+    @tf.function
+    def run():
+        out = []
+        for i in range(3):
+            with tf.device(engine.devices[i]):
+                x = [tf.cast(tf.range(5) + 10 * i, d) for d in dtypes]
+                gathered = [engine.all_gather(t, i) for t in x]
+                broadcast = [engine.broadcast(t, i, root=1) for t in x]
+                tickets = [engine.start(t, i, "butterfly") for t in x]
+                waited = [engine.wait(k, i, 5, d) for k, d in zip(tickets, dtypes)]
+                out.append((gathered, broadcast, waited))
+        return out
+
+    results = run()
+    base = np.arange(5)
+    for gathered, broadcast, waited in results:
+        for k in range(len(dtypes)):
+            np.testing.assert_array_equal(
+                gathered[k].numpy().astype(np.float64),
+                np.concatenate([base + 10 * i for i in range(3)]))
+            np.testing.assert_array_equal(broadcast[k].numpy().astype(np.float64), base + 10)
+            np.testing.assert_array_equal(waited[k].numpy().astype(np.float64),
+                                          3 * base + 30)

@@ -1,0 +1,67 @@
+"""A worker that dies or hangs during a UCX-engine fit never leaves the others hanging.
+
+Plain TF_CONFIG processes (no launcher to stop the rest): worker 1 is killed
+(SIGKILL) or frozen (SIGSTOP) once training runs; worker 0 must exit non-zero
+within the engine's 30 s progress timeout (plus TF's own shutdown), with an
+error that names the missing peer.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from tfdist_ext.launch import free_ports, tf_configs
+from tfdist_ext.ops import ucx as ucx_ops
+
+pytestmark = [pytest.mark.multiworker,
+              pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")]
+WORKER = ROOT / "tests" / "workers" / "ucx_fit.py"
+LIMIT_SECONDS = 30 + 15  # the engine's timeout, plus TF's error path and exit
+
+
+def _start(configs, index, log):
+    env = dict(os.environ, TF_CONFIG=configs[index], PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, str(WORKER), "100000"], env=env, cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for(path, text, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig):
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(2)])
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    workers = [_start(configs, i, files[i]) for i in range(2)]
+    try:
+        assert _wait_for(logs[0], "epoch 0 done", 120), logs[0].read_text()[-3000:]
+        workers[1].send_signal(sig)
+        stopped = time.monotonic()
+        code = workers[0].wait(timeout=LIMIT_SECONDS + 30)
+        took = time.monotonic() - stopped
+        out = logs[0].read_text(errors="replace")
+        assert code != 0, out[-3000:]
+        assert took < LIMIT_SECONDS, (took, out[-3000:])
+        # Either our engine ("waiting for rank(s) 1") or TF's coordination
+        # service (which watches the same peer, "/task:1") reports it first.
+        assert "rank(s) 1" in out or "task:1" in out, out[-3000:]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGCONT)
+                worker.kill()
+            worker.wait()
+        for f in files:
+            f.close()
