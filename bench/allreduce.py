@@ -4,8 +4,10 @@
     python bench/allreduce.py --replicas 4 --sizes 1KB,1MB --png out.png
 
 `--workers N` re-launches this script on N worker processes through tfdist-run
-(TF_CONFIG, gRPC over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
-one process. Every algorithm, TF's "native" ring and "auto" (the calibrated
+(TF_CONFIG over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
+one process. `--engine` picks what carries the bytes: "tf" (TF's collectives),
+"ucx" (the UCX engine) or "all" (the default: every engine that loads, one after
+the other in the same job; every record names its engine). Every algorithm, TF's "native" ring and "auto" (the calibrated
 cost model's choice, refined by timing its close candidates at that size as in
 training, then measured as its own row) run side by side in one job; "auto" chooses
 among the algorithms listed with it. `bench/allreduce_runs.py` checks its picks
@@ -38,6 +40,7 @@ def parse_args(argv=None):
     parser.add_argument("--algorithms", default="all",
                         help="comma-separated names, or 'all' (every algorithm + native + auto); "
                              "auto chooses among the other names listed")
+    parser.add_argument("--engine", choices=("all", "tf", "ucx"), default="all")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--steps", type=int, default=0,
                         help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
@@ -59,8 +62,8 @@ def relaunch(args, argv):
 def run(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    import tfdist_ext  # pylint: disable=import-outside-toplevel
-    from tfdist_ext.collectives import auto, calibration, options  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.collectives import auto  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
 
     tf.get_logger().setLevel("ERROR")  # one tf.function per measurement is the point here
     names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
@@ -70,7 +73,23 @@ def run(args):
         allreduce["calibration_cache"] = None
     if args.algorithms != "all":  # auto chooses among the algorithms it is compared with
         allreduce["candidates"] = [n for n in names if n != "auto"]  # empty: all
-    strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas)
+    engines = (("tf", "ucx") if ucx_ops.problem() is None else ("tf",)) \
+        if args.engine == "all" else (args.engine,)
+    records = []
+    for engine in engines:
+        records += measure(args, names, allreduce, engine)
+    if not records or records[0].get("is_chief"):
+        summarize(records, args)
+    return 0
+
+
+def measure(args, names, allreduce, engine):
+    """Records of every algorithm x size on one engine (the chief's times)."""
+    import tfdist_ext  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.collectives import auto, calibration, options  # pylint: disable=import-outside-toplevel
+
+    strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas,
+                                   engine=engine)
     cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
     world = strategy.num_replicas_in_sync
     placement = "workers" if strategy.cluster else "replicas"
@@ -92,6 +111,7 @@ def run(args):
             t_min, t_med = min(seconds[name]), float(np.median(seconds[name]))
             algbw = 4 * elements / t_med / 1e9
             records.append({
+                "engine": engine, "is_chief": is_chief,
                 "world": world, "placement": placement, "algorithm": name,
                 "choice": chosen[name], "bytes": 4 * elements,
                 "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
@@ -105,20 +125,18 @@ def run(args):
                 records[-1]["refine_seconds"] = refined.get("seconds", 0.0) if refined else 0.0
             if is_chief:
                 r = records[-1]
-                print(f"{r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "
+                print(f"{engine:<4} {r['bytes']:>10} {name:<17} {r['time_ms_min']:9.3f} "
                       f"{r['time_ms_median']:9.3f} {r['busbw_GBps']:8.3f}  "
                       f"{'-> ' + chosen[name] if name == 'auto' else ''}", flush=True)
-    if is_chief:
-        summarize(records, args)
-    return 0
+    return records
 
 
 def summarize(records, args):
     """Adds ratios to native / best, prints them, writes JSON and PNG."""
     by_size = {}
     for r in records:
-        by_size.setdefault(r["bytes"], {})[r["algorithm"]] = r
-    for size, rows in by_size.items():
+        by_size.setdefault((r["engine"], r["bytes"]), {})[r["algorithm"]] = r
+    for (engine, size), rows in by_size.items():
         fixed = {n: r for n, r in rows.items() if n != "auto"}
         best = min(fixed.values(), key=lambda r: r["time_ms_median"])
         for r in rows.values():
@@ -131,7 +149,7 @@ def summarize(records, args):
             chosen = rows.get(rows["auto"]["choice"])
             if chosen is not None:
                 rows["auto"]["choice_vs_best"] = chosen["vs_best_fixed"]
-            print(f"{size:>10} B: auto -> {rows['auto']['choice']}, "
+            print(f"{engine} {size:>10} B: auto -> {rows['auto']['choice']}, "
                   f"{rows['auto']['vs_best_fixed']:.2f}x the best fixed "
                   f"({best['algorithm']}) as re-timed, "
                   f"{rows['auto'].get('choice_vs_best', float('nan')):.2f}x by the "
@@ -149,10 +167,12 @@ def plot(records, path):
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in sorted({r["algorithm"] for r in records}):
-        rows = sorted((r for r in records if r["algorithm"] == name), key=lambda r: r["bytes"])
+    for engine, name in sorted({(r["engine"], r["algorithm"]) for r in records}):
+        rows = sorted((r for r in records if (r["engine"], r["algorithm"]) == (engine, name)),
+                      key=lambda r: r["bytes"])
         ax.plot([r["bytes"] for r in rows], [r["time_ms_median"] for r in rows], marker="o",
-                label=name, linewidth=3 if name in ("auto", "native") else 1.2)
+                label=f"{engine}:{name}", linewidth=3 if name in ("auto", "native") else 1.2,
+                linestyle="-" if engine == "ucx" else "--")
     first = records[0]
     ax.set(xscale="log", yscale="log", xlabel="bytes (float32)", ylabel="ms per all-reduce",
            title=f"All-reduce on {first['world']} {first['placement']} (median)")
@@ -169,7 +189,8 @@ def main(argv=None):
     if args.workers and "TF_CONFIG" not in os.environ:
         return relaunch(args, argv)
     if json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"] == 0:
-        print(f"{'bytes':>10} {'algorithm':<17} {'min ms':>9} {'med ms':>9} {'busbw':>8}",
+        print(f"{'eng':<4} {'bytes':>10} {'algorithm':<17} {'min ms':>9} {'med ms':>9} "
+              f"{'busbw':>8}",
               flush=True)
     return run(args)
 

@@ -21,8 +21,9 @@ def cells(paths):
     for path in paths:
         with open(path, encoding="utf-8") as f:
             records = json.load(f)
-        for size in sorted({r["bytes"] for r in records}):
-            rows = {r["algorithm"]: r for r in records if r["bytes"] == size}
+        for engine, size in sorted({(r.get("engine", "tf"), r["bytes"]) for r in records}):
+            rows = {r["algorithm"]: r for r in records
+                    if r["bytes"] == size and r.get("engine", "tf") == engine}
             if "auto" not in rows:
                 continue
             fixed = [r for name, r in rows.items() if name != "auto"]

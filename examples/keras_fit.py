@@ -63,8 +63,11 @@ def parse_args(argv=None):
     parser.add_argument("--momentum", type=float, default=0.9,
                         help="SGD momentum; 0 with DGC momentum correction "
                              '(--compression \'{"name": "topk", "momentum": 0.9}\')')
-    parser.add_argument("--allreduce", default="native",
-                        help='a name or a JSON dict, e.g. \'{"name": "topk", "ratio": 0.01}\'')
+    parser.add_argument("--engine", default="auto", choices=["auto", "ucx", "tf"],
+                        help="what carries the bytes: UCX where built ('auto'), or TF's ops")
+    parser.add_argument("--allreduce", default=None,
+                        help="a name or a JSON dict, e.g. '{\"name\": \"auto\"}' "
+                             "(default: the engine's, ring on UCX, TF's native ring on tf)")
     parser.add_argument("--compression", default="none")
     parser.add_argument("--sync", default="sync")
     parser.add_argument("--bucketing", default=None)
@@ -86,7 +89,7 @@ def main(argv=None):
     strategy = tfdist_ext.Strategy(allreduce=_option(args.allreduce),
                                    compression=_option(args.compression),
                                    sync=_option(args.sync), bucketing=_option(args.bucketing),
-                                   num_replicas=args.num_replicas)
+                                   num_replicas=args.num_replicas, engine=args.engine)
     worker = strategy.cluster.task_index if strategy.cluster else 0
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_mnist1d()
@@ -109,7 +112,8 @@ def main(argv=None):
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     stats = strategy.communication_stats()
     print(f"worker {worker}: test accuracy {accuracy:.4f} after {args.epochs} epochs "
-          f"in {seconds:.1f} s on {strategy.num_replicas_in_sync} replica(s); sent "
+          f"in {seconds:.1f} s on {strategy.num_replicas_in_sync} replica(s) "
+          f"(engine {strategy.config.engine}); sent "
           f"{stats['bytes_sent'] / 1e6:.2f} MB of gradients ({stats['compression_ratio']:.1f}x "
           "fewer than dense)", flush=True)
     if args.json:
@@ -119,6 +123,7 @@ def main(argv=None):
             json.dump({"worker": worker, "test_accuracy": float(accuracy),
                        "fit_seconds": seconds, "loss": history.history["loss"],
                        "replicas": strategy.num_replicas_in_sync,
+                       "engine": strategy.config.engine,
                        "communication": stats,
                        "allreduce_refinements": strategy.allreduce_refinements,
                        "weights_sum": float(weights.astype("float64").sum()),

@@ -48,7 +48,6 @@ from tfdist_ext.compression.base import FLOAT_DTYPES
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
-UCX_TIMEOUT_SECONDS = 30.0  # without CommunicationOptions(timeout_seconds=...)
 
 
 class CrossDeviceOps(_compat.CollectiveAllReduce):
@@ -195,11 +194,14 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                 (their collectives never run at the same time).
         """
         if self.config.engine == "ucx":
-            # The same on every worker: it names the rendezvous keys.
-            name = f"{role}{first_instance_key or ''}-{self._group_size}x{len(self._devices)}"
+            # The same on every worker: it names the rendezvous keys. Strategies
+            # with another timeout get their own communicators.
+            timeout = self.config.allreduce.timeout_seconds
+            name = (f"{role}{first_instance_key or ''}-{self._group_size}x{len(self._devices)}"
+                    f"-t{timeout:g}")
             return ucx_engine.engine_for(
                 name, self._devices, self._group_size, self.first_rank,
-                timeout_seconds=self._options.timeout_seconds or UCX_TIMEOUT_SECONDS)
+                timeout_seconds=self.config.allreduce.timeout_seconds)
         return engine_lib.GraphEngine(
             self._devices, self._group_size, self.first_rank, self._pair_group_key_base,
             timeout_seconds=self._options.timeout_seconds, first_instance_key=first_instance_key)

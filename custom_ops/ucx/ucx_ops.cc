@@ -2,6 +2,7 @@
 // communicator, run one encoded schedule on a tensor, or start it and wait for
 // it later (an in-flight ticket), for a reduction started at step t and
 // awaited at step t + k.
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -196,7 +197,9 @@ class ScheduleKernel {
     plan_ = std::move(plan);
   }
 
-  // Copies (or forwards) `input` into a new buffer that the job owns.
+  // The buffer the job works in: `input` itself when no one else holds it
+  // (TF's buffer forwarding; a fused gradient buffer or a chained result),
+  // otherwise a copy.
   absl::Status MakeJob(OpKernelContext* ctx, const Tensor& input,
                        std::shared_ptr<Tensor>* buffer, Job* job) {
     if (input.dims() != 1)
@@ -205,10 +208,17 @@ class ScheduleKernel {
     if (max_index_ > input.NumElements())
       return errors::InvalidArgument("the plan addresses ", max_index_,
                                      " elements but the tensor has ", input.NumElements());
-    *buffer = std::make_shared<Tensor>();
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(input.dtype(), input.shape(), buffer->get()));
-    if (input.NumElements() > 0)
-      std::memcpy((*buffer)->data(), input.data(), input.TotalBytes());
+    std::unique_ptr<Tensor> forwarded = ctx->forward_input(
+        0, OpKernelContext::Params::kNoReservation, input.dtype(), input.shape(),
+        tensorflow::DEVICE_MEMORY, tensorflow::AllocatorAttributes());
+    if (forwarded != nullptr) {
+      *buffer = std::shared_ptr<Tensor>(std::move(forwarded));
+    } else {
+      *buffer = std::make_shared<Tensor>();
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(input.dtype(), input.shape(), buffer->get()));
+      if (input.NumElements() > 0)
+        std::memcpy((*buffer)->data(), input.data(), input.TotalBytes());
+    }
     job->plan = plan_;
     job->dtype = dtype_;
     job->itemsize = itemsize_;

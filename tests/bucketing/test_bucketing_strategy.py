@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist_ext
+from tfdist_ext.ops import ucx as ucx_ops
 from tfdist_ext import bucketing
 
 LAYERS = 4
@@ -69,27 +70,37 @@ def _ancestors(ops):
 
 
 def _collectives(graph, scope):
-    return [op for op in graph.get_operations()
-            if op.name.startswith(scope) and op.type.startswith("Collective")]
+    return [op for op in graph.get_operations() if op.name.startswith(scope)
+            and (op.type.startswith("Collective") or op.type.startswith("TfdistUcx"))]
 
 
-def test_wfbp_first_bucket_does_not_depend_on_earlier_layers():
-    graph, first_grads = _traced_step(tfdist_ext.Strategy(bucketing="wfbp", num_replicas=2))
+# Each engine with its default algorithm: TF's native ring, the UCX engine's ring.
+ENGINES = [("tf", "native"),
+           pytest.param("ucx", "ring", marks=pytest.mark.skipif(
+               ucx_ops.problem() is not None, reason="UCX engine not built"))]
+
+
+@pytest.mark.parametrize("engine, algorithm", ENGINES)
+def test_wfbp_first_bucket_does_not_depend_on_earlier_layers(engine, algorithm):
+    graph, first_grads = _traced_step(tfdist_ext.Strategy(bucketing="wfbp", num_replicas=2,
+                                                          engine=engine))
     # WFBP: one bucket per gradient tensor, numbered in backward order.
-    buckets = {op.name.split("/")[2] for op in _collectives(graph, "tfdist/native/")}
+    scope = f"tfdist/{algorithm}/"
+    buckets = {op.name.split("/")[2] for op in _collectives(graph, scope)}
     assert buckets == {f"b{i}" for i in range(2 * LAYERS)}
-    first_bucket = _collectives(graph, "tfdist/native/b0/")
+    first_bucket = _collectives(graph, f"{scope}b0/")
     assert len(first_bucket) == 2  # one collective per replica
     ancestors = _ancestors(first_bucket)
     assert not {op.name for op in first_grads} & ancestors
     # The last bucket (layer 0's kernel) does wait for it: the check can fail.
-    last_bucket = _collectives(graph, f"tfdist/native/b{2 * LAYERS - 1}/")
+    last_bucket = _collectives(graph, f"{scope}b{2 * LAYERS - 1}/")
     assert {op.name for op in first_grads} & _ancestors(last_bucket)
 
 
-def test_single_bucket_waits_for_every_gradient():
-    graph, first_grads = _traced_step(tfdist_ext.Strategy(num_replicas=2))
-    only = _collectives(graph, "tfdist/native/b0/")
+@pytest.mark.parametrize("engine, algorithm", ENGINES)
+def test_single_bucket_waits_for_every_gradient(engine, algorithm):
+    graph, first_grads = _traced_step(tfdist_ext.Strategy(num_replicas=2, engine=engine))
+    only = _collectives(graph, f"tfdist/{algorithm}/b0/")
     assert only and {op.name for op in first_grads} & _ancestors(only)
 
 

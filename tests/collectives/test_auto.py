@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tfdist_ext
+from tfdist_ext.ops import ucx as ucx_ops
 from tfdist_ext.collectives import auto, calibration
 
 import refine_cases  # noqa: E402  (tests/collectives is on sys.path: rootdir-less test dirs)
@@ -219,7 +220,9 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads(out.read_text())
-    assert len(records) == 8
+    engines = {"tf", "ucx"} if ucx_ops.problem() is None else {"tf"}  # --engine all
+    assert {r["engine"] for r in records} == engines
+    assert len(records) == 8 * len(engines)
     for r in records:
         assert r["world"] == 3 and r["placement"] == "replicas"
         for key in ("algorithm", "bytes", "time_ms_min", "time_ms_median", "algbw_GBps",
@@ -235,8 +238,11 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
     check = [sys.executable, str(ROOT / "bench" / "allreduce_runs.py"), str(out)]
     loose = subprocess.run(check + ["--limit", "100"], capture_output=True, text=True,
                            timeout=60, check=False)
-    assert loose.returncode == 0 and "2 cells, 0 over 100.00x" in loose.stdout, loose.stdout
+    cells = 2 * len(engines)
+    assert loose.returncode == 0 and f"{cells} cells, 0 over 100.00x" in loose.stdout, \
+        loose.stdout
     # A choice is never faster than the best fixed algorithm, so 0.5x must fail.
     strict = subprocess.run(check + ["--limit", "0.5"], capture_output=True, text=True,
                             timeout=60, check=False)
-    assert strict.returncode == 1 and "2 cells, 2 over 0.50x" in strict.stdout, strict.stdout
+    assert strict.returncode == 1 and f"{cells} cells, {cells} over 0.50x" in strict.stdout, \
+        strict.stdout

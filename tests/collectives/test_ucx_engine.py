@@ -45,6 +45,12 @@ def test_encode_lays_out_rounds_and_steps():
                                            2, 0, 1, 2, 4, 2, 1, 0, 2]
 
 
+def test_timeout_option_is_validated():
+    with pytest.raises(ValueError, match=r"Argument `timeout_seconds` must be a number of "
+                                         r"seconds >= 0 \(0 waits forever\); received -1"):
+        tfdist_ext.Strategy(allreduce={"name": "ring", "timeout_seconds": -1}, num_replicas=2)
+
+
 def test_engine_option_is_validated():
     with pytest.raises(ValueError, match=r"Argument `engine` must be one of 'auto', 'ucx', "
                                          r"'tf'; received 'gpu'"):

@@ -109,6 +109,11 @@ class AllReduce:
             the model's choice.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.
+        timeout_seconds: With the UCX engine, a collective that hears nothing
+            from a peer for this long fails with an error naming the peer
+            (0: wait forever). Raise it when workers may legitimately stall
+            longer between steps (slow input pipelines, long evaluations).
+            Defaults to 30.
     """
 
     algorithm: str = "native"
@@ -118,6 +123,7 @@ class AllReduce:
     calibrate: bool = True
     refine: bool = True
     calibration_cache: Optional[str] = "~/.cache/tfdist_ext/calibration.json"
+    timeout_seconds: float = 30.0
 
     def __post_init__(self):
         if not self.by_size:
@@ -129,6 +135,12 @@ class AllReduce:
                 raise ValueError("Argument `candidates` lists the algorithms 'auto' chooses "
                                  "from; it cannot contain 'auto' itself.")
             _check_algorithm(name, "candidates")
+        if (isinstance(self.timeout_seconds, bool)
+                or not isinstance(self.timeout_seconds, (int, float))
+                or not self.timeout_seconds >= 0):
+            raise ValueError(
+                f"Argument `timeout_seconds` must be a number of seconds >= 0 (0 waits "
+                f"forever); received {self.timeout_seconds!r}.")
         for flag in ("calibrate", "refine"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Argument `{flag}` must be True or False; received "
