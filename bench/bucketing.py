@@ -7,7 +7,7 @@
 One launch of W workers (`python -m tfdist_ext.launch`, optionally with every
 worker's link shaped by the test bed) runs every (repeat, model, planner) in
 turn, the same order on every worker. Each run builds a fresh
-`tfdist_ext.Strategy(bucketing=planner)` and model, trains a warm-up `fit` of
+`tfdist_ext.Strategy(bucketing=planner, engine=--engine)` and model, trains a warm-up `fit` of
 `--warmup` steps (tracing; MG-WFBP profiles gradient-ready times in its first
 5 steps, then times each distinct candidate plan (its own for several alphas,
 one bucket, equal splits) for 5 steps and keeps the fastest), then times
@@ -52,6 +52,8 @@ def parse_args(argv=None):
                         help="steps before timing (MG-WFBP profiles and tunes in them)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--link", default="none", help="shaped link rate (root), or none")
+    parser.add_argument("--engine", choices=("tf", "ucx"), default="tf",
+                        help="tf: TF's native ring; ucx: the UCX engine's ring")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     parser.add_argument("--timeout", type=float, default=1800)
@@ -94,8 +96,9 @@ def _worker(args):
 
     def run(model_name, planner):
         strategy = tfdist_ext.Strategy(
-            allreduce={"name": "native", "calibration_cache": None},
-            bucketing=PLANNERS[planner])
+            allreduce={"name": "native" if args.engine == "tf" else "ring",
+                       "calibration_cache": None},
+            bucketing=PLANNERS[planner], engine=args.engine)
         keras.utils.set_random_seed(0)
         with strategy.scope():
             model, shape, classes = _build(model_name, args.width, keras)
@@ -172,7 +175,7 @@ def main(argv=None):
     if args.worker_out:
         return _worker(args)
     forwarded = []
-    for key in ("models", "planners", "width", "steps", "warmup", "repeats"):
+    for key in ("models", "planners", "width", "steps", "warmup", "repeats", "engine"):
         forwarded += [f"--{key}", str(getattr(args, key))]
     forwarded += ["--verbose"] if args.verbose else []
     with tempfile.TemporaryDirectory() as out_dir:
@@ -186,7 +189,7 @@ def main(argv=None):
         print(f"{row['model']:<8} {row['planner']:<12} {row['buckets']:>7} "
               f"{row['step_ms_min']:>12.1f} {row['step_ms_median']:>8.1f} "
               f"{row['vs_best_other']:>13.2f} {row['vs_none'] or float('nan'):>7.2f}")
-    title = f"{args.workers} workers, link {args.link}"
+    title = f"{args.workers} workers, link {args.link}, engine {args.engine}"
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"args": {k: v for k, v in vars(args).items() if k != "worker_out"},

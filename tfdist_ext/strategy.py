@@ -162,7 +162,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         engine: What carries the bytes: "ucx" (tfdist_ext's C++ ops over UCX:
             shared memory within a host, TCP/RDMA across hosts), "tf" (TF's
             collective ops) or "auto" ("ucx" where it is built, else "tf"
-            with a warning). Defaults to "tf". See
+            with a warning). Defaults to "auto". See
             `tfdist_ext.collectives.engines`.
 
     Raises:

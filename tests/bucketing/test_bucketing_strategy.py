@@ -1,6 +1,7 @@
 """Bucketing in the strategy: per-bucket reductions in the traced train step."""
 
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -158,8 +159,9 @@ def test_supplied_backward_times_of_the_wrong_length_are_rejected():
         _fit(strategy, epochs=1)
 
 
-def test_profile_trace_shows_bucket_scopes(tmp_path):
-    strategy = tfdist_ext.Strategy(bucketing="wfbp", num_replicas=2)
+@pytest.mark.parametrize("engine, algorithm", ENGINES)
+def test_profile_trace_shows_bucket_scopes(tmp_path, engine, algorithm):
+    strategy = tfdist_ext.Strategy(bucketing="wfbp", num_replicas=2, engine=engine)
     model = _compiled(strategy)
     x, y = _data()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
@@ -168,7 +170,9 @@ def test_profile_trace_shows_bucket_scopes(tmp_path):
     assert traces, list(pathlib.Path(tmp_path).rglob("*"))
     content = b"".join(p.read_bytes() for p in traces)
     for bucket in ("b0", f"b{2 * LAYERS - 1}"):
-        assert f"tfdist/native/{bucket}/".encode() in content, bucket
+        assert f"tfdist/{algorithm}/{bucket}/".encode() in content, bucket
+    if engine == "ucx":  # the executor thread's TraceMe: the label without an op name
+        assert re.search(rb"tfdist/ring/b0(?![/_0-9])", content), "no TraceMe tfdist/ring/b0"
 
 
 def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():

@@ -62,7 +62,8 @@ def test_engine_selects_ucx_and_ring_by_default_there():
     strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=2)
     assert strategy.config.engine == "ucx"
     assert strategy.config.allreduce.algorithm == "ring"
-    assert tfdist_ext.Strategy(num_replicas=2).config.engine == "tf"
+    assert tfdist_ext.Strategy(num_replicas=2).config.engine == "ucx"  # "auto", built
+    assert tfdist_ext.Strategy(num_replicas=2, engine="tf").config.allreduce.algorithm == "native"
 
 
 @needs_ucx

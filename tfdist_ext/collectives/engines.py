@@ -5,10 +5,8 @@
       hosts. Needs the `libucx-cu12` wheel when tfdist_ext is built.
     * ``"tf"``: the same schedules built from TF's collective ops over gRPC
       (`engine.py`), portable but with ~1 ms of executor cost per message.
-    * ``"auto"``: "ucx" where its library is built for the running
-      TensorFlow, else "tf" with a warning that says what to install.
-    * None (the default) is "tf" for now: the test suite does not yet pass
-      with every feature on the UCX engine (see README, Status).
+    * ``"auto"`` (the default): "ucx" where its library is built for the
+      running TensorFlow, else "tf" with a warning that says what to install.
 
 Independent of the algorithm: ``allreduce="native"`` always means TF's own
 CollectiveReduceV2 ring, whatever the engine.
@@ -22,7 +20,7 @@ ENGINES = ("auto", "ucx", "tf")
 
 
 def resolve(engine) -> str:
-    """"ucx" or "tf" for an `engine=` value (None means "tf").
+    """"ucx" or "tf" for an `engine=` value (None means "auto").
 
     Only reads build stamps: it never loads the library or starts TF's runtime.
 
@@ -31,7 +29,7 @@ def resolve(engine) -> str:
         UcxUnavailableError: "ucx" was asked for and cannot be used.
     """
     if engine is None:
-        engine = "tf"
+        engine = "auto"
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
             f"Argument `engine` must be one of {', '.join(map(repr, ENGINES))}; received "
