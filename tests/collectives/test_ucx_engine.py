@@ -95,3 +95,15 @@ def test_gather_broadcast_and_start_wait_across_three_replicas():
             np.testing.assert_array_equal(broadcast[k].numpy().astype(np.float64), base + 10)
             np.testing.assert_array_equal(waited[k].numpy().astype(np.float64),
                                           3 * base + 30)
+
+
+def test_missing_library_names_the_fix(monkeypatch):
+    monkeypatch.setattr(ucx_ops, "_library_path", lambda: None)
+    problem = ucx_ops.problem()
+    assert "UCX op library is not available" in problem
+    assert "pip install 'libucx-cu12>=1.22,<1.23'" in problem
+    with pytest.raises(ucx_ops.UcxUnavailableError, match=r"Argument `engine='ucx'`: .*"
+                                                          r"pass engine='tf'"):
+        tfdist_ext.Strategy(engine="ucx", num_replicas=2)
+    with pytest.warns(UserWarning, match=r"Using TF's collectives \(engine='tf'\) instead"):
+        assert tfdist_ext.Strategy(num_replicas=2).config.engine == "tf"

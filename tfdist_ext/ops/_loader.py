@@ -23,9 +23,40 @@ class OpsUnavailableError(RuntimeError):
     """The tfdist_ext C++ op library is missing, failed to build, or is stale."""
 
 
-def _library_path():
-    candidates = sorted(_HERE.glob("_tfdist_ops*.so"))
+def find_library(pattern):
+    """The first library in this folder matching `pattern`, or None."""
+    candidates = sorted(_HERE.glob(pattern))
     return candidates[0] if candidates else None
+
+
+def _library_path():
+    return find_library("_tfdist_ops*.so")
+
+
+def stamp_problem(library, stamp, what, hint):
+    """Why `library` (a path, or None when missing) cannot be used, or None when it can.
+
+    Reads only its build stamp `stamp` (written by setup.py) and compares the
+    TensorFlow version it records with the running one; `what` names the
+    library and `hint` says how to fix it.
+    """
+    if library is None:
+        reason = "it was never built"
+        try:
+            reason = json.loads(stamp.read_text()).get("error", reason)
+        except (OSError, ValueError):
+            pass
+        return f"{what} is not available ({reason}). {hint}."
+    try:
+        info = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return f"{what} has no readable build stamp ({stamp}). {hint}."
+    built_for = info.get("tf_version")
+    if built_for != tf.__version__:
+        return (f"{what} was built for TensorFlow {built_for} but TensorFlow "
+                f"{tf.__version__} is running; its kernels use internal APIs that change "
+                f"between releases. {hint}.")
+    return None
 
 
 def build_problem():
@@ -33,23 +64,8 @@ def build_problem():
 
     Reads only the build stamp and the file system; never loads the library.
     """
-    if _library_path() is None:
-        reason = "it was never built"
-        if BUILD_INFO.exists():
-            info = json.loads(BUILD_INFO.read_text())
-            reason = info.get("error", reason)
-        return f"the tfdist_ext op library is not available ({reason}). {REBUILD_HINT}."
-    try:
-        info = json.loads(BUILD_INFO.read_text())
-    except (OSError, ValueError):
-        return (f"the tfdist_ext op library has no readable build stamp "
-                f"({BUILD_INFO}). {REBUILD_HINT}.")
-    built_for = info.get("tf_version")
-    if built_for != tf.__version__:
-        return (f"the tfdist_ext op library was built for TensorFlow {built_for} but "
-                f"TensorFlow {tf.__version__} is running; its kernels use internal "
-                f"APIs that change between releases. {REBUILD_HINT}.")
-    return None
+    return stamp_problem(_library_path(), BUILD_INFO, "the tfdist_ext op library",
+                         REBUILD_HINT)
 
 
 def check_build():

@@ -7,12 +7,11 @@ available and `load()` raises `UcxUnavailableError` with the fix.
 """
 
 import functools
-import json
 import pathlib
 
 import tensorflow as tf
 
-from tfdist_ext.ops._loader import REBUILD_HINT
+from tfdist_ext.ops._loader import REBUILD_HINT, find_library, stamp_problem
 
 _HERE = pathlib.Path(__file__).resolve().parent
 BUILD_INFO = _HERE / "_ucx_build_info.json"
@@ -26,8 +25,7 @@ class UcxUnavailableError(RuntimeError):
 
 
 def _library_path():
-    candidates = sorted(_HERE.glob("_tfdist_ucx*.so"))
-    return candidates[0] if candidates else None
+    return find_library("_tfdist_ucx*.so")
 
 
 def problem():
@@ -36,21 +34,8 @@ def problem():
         import libucx  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except ImportError:
         return f"the UCX wheel is not installed. {INSTALL_HINT}."
-    if _library_path() is None:
-        reason = "it was not built"
-        try:
-            reason = json.loads(BUILD_INFO.read_text()).get("error", reason)
-        except (OSError, ValueError):
-            pass
-        return f"the tfdist_ext UCX op library is not available ({reason}). {INSTALL_HINT}."
-    try:
-        built_for = json.loads(BUILD_INFO.read_text()).get("tf_version")
-    except (OSError, ValueError):
-        built_for = None
-    if built_for != tf.__version__:
-        return (f"the tfdist_ext UCX op library was built for TensorFlow {built_for} but "
-                f"TensorFlow {tf.__version__} is running. {REBUILD_HINT}.")
-    return None
+    return stamp_problem(_library_path(), BUILD_INFO, "the tfdist_ext UCX op library",
+                         INSTALL_HINT)
 
 
 @functools.lru_cache(maxsize=None)
