@@ -146,12 +146,14 @@ setup(
     python_requires=">=3.10",
     # TensorFlow itself is an extra so GPU users keep `tensorflow` instead of
     # getting `tensorflow-cpu` beside it; it must be installed before building.
-    install_requires=["keras>=3.15,<4", "numpy", "tensorboard"],
-    extras_require={"cpu": ["tensorflow-cpu==2.21.*"], "gpu": ["tensorflow==2.21.*"],
-                    "ucx": ["libucx-cu12>=1.22,<1.23"],
+    install_requires=["keras>=3.15.1,<3.16", "numpy>=2.4.6,<2.5", "tensorboard>=2.21.0,<2.22"],
+    extras_require={"cpu": ["tensorflow-cpu>=2.21.0,<2.22"], "gpu": ["tensorflow>=2.21.0,<2.22"],
+                    "ucx": ["libucx-cu12>=1.22.0,<1.23"],
                     "bench": ["torch>=2.13,<2.14"],  # the Gloo peer rows of bench/engines.py
-                    "examples": ["mnist1d", "scikit-learn", "matplotlib"],
-                    "test": ["pytest", "mnist1d", "scikit-learn", "matplotlib"]},
+                    "examples": ["mnist1d>=0.0.2.post1,<0.1", "scikit-learn>=1.9.1,<1.10",
+                                 "matplotlib>=3.11.2,<3.12"],
+                    "test": ["pytest>=9.0.3,<9.3", "mnist1d>=0.0.2.post1,<0.1",
+                             "scikit-learn>=1.9.1,<1.10", "matplotlib>=3.11.2,<3.12"]},
     ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),
                  Extension("tfdist_ext.ops._tfdist_ucx", sources=[], optional=True)],
     cmdclass={"build_ext": BuildTfOps},

@@ -23,6 +23,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import nest
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from keras.src.losses import loss as keras_loss
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
@@ -46,6 +47,9 @@ group_by_size = cross_device_utils.group_by_size
 TFOptimizer = keras_tf_optimizer.TFOptimizer
 TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
 PerReplica = distribute_values.PerReplica
+# `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
+# (module functions, looked up at call time by Keras' losses and trainer) are
+# wrapped by `tfdist_ext.keras.uneven` to weight replicas by their samples.
 
 
 def strategy_init(strategy, extended):

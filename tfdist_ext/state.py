@@ -6,8 +6,9 @@ correction, its velocity, under the key `<buffer>_velocity`); per worker: byte
 counters.
 `Strategy.state` is a `tf.Module`, so a `tf.train.Checkpoint(model=model,
 optimizer=optimizer, tfdist=strategy.state)` saves and restores all of it
-(residuals created after `restore()` are filled in by TF's deferred
-restoration).
+(residuals created after `restore()` are filled in eagerly by TF's deferred
+restoration when the train step first creates them). A Keras
+`BackupAndRestore` in `fit` backs it up too (`tfdist_ext.keras.worker_callbacks`).
 
 Variables are created on first use while the train step is traced, under
 `init_scope` and directly as `ResourceVariable`s on the replica's device: they
@@ -52,15 +53,17 @@ class StrategyState(tf.Module):
                     variables.append(_compat.ResourceVariable(
                         tf.zeros([num_elements], dtype), trainable=False,
                         name=f"residual_{key}_{i}"))
-            self.residuals[key] = variables
+            with _compat.init_scope():  # a pending checkpoint restores them eagerly
+                self.residuals[key] = variables
         return self.residuals[key][replica]
 
     def record_ready(self, ready):
         """Accumulates one step's gradient-ready timestamps (seconds, relative)."""
         if self.ready_sum is None:
             n = ready.shape.num_elements()
-            self.ready_sum = self._variable([0.0] * n, tf.float64, 0, "ready_sum")
-            self.ready_count = self._variable(0, tf.int64, 0, "ready_count")
+            with _compat.init_scope():
+                self.ready_sum = self._variable([0.0] * n, tf.float64, 0, "ready_sum")
+                self.ready_count = self._variable(0, tf.int64, 0, "ready_count")
         return tf.group(self.ready_sum.assign_add(ready - tf.reduce_min(ready)),
                         self.ready_count.assign_add(1))
 

@@ -203,9 +203,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if "auto" in config.allreduce.algorithms or uses_backward_times:
             self._calibrate()  # before the sync runner, whose background ops share it
         self.sync_runner = config.sync.runner(self)
-        if self.sync_runner is not None or uses_backward_times or config.compression.momentum:
-            from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
-            hooks.install()
+        from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+        hooks.install()
 
     @property
     def _cross_ops(self):
@@ -308,6 +307,29 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             yield
         finally:
             self._worker_local = previous
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes in the cluster (1 without TF_CONFIG)."""
+        return self.extended._num_workers  # pylint: disable=protected-access
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the workers (0 without TF_CONFIG; 0 is the chief)."""
+        return self._cross_ops.first_rank // len(self.extended.worker_devices)
+
+    def exchange(self, name: str, value: str):
+        """Every worker's `value`, in worker order, through the coordination service.
+
+        Blocks until every worker has called `exchange` with the same `name`
+        (use each name once per strategy). Without TF_CONFIG returns [value].
+        """
+        if self.num_workers == 1:
+            return [value]
+        set_value, get_value = _compat.coordination_service_kv()
+        prefix = f"tfdist/{self._collective_key_base}/{name}"
+        set_value(f"{prefix}/{self.worker_index}", str(value))
+        return [get_value(f"{prefix}/{w}") for w in range(self.num_workers)]
 
     @property
     def collective_key_range(self):

@@ -12,7 +12,14 @@ other strategy:
   train step (model averaging), and, for relaxed policies, runs the train
   function with `Strategy.reduce` kept on this worker (`sync.runner`).
 * `TensorFlowTrainer.fit`: adds the strategy's `fit_callbacks()` (`SyncCallback`,
-  `BackwardProfile`, `MomentumCheck`) first in the callback list.
+  `BackwardProfile`, `MomentumCheck`) first in the callback list, and has
+  the file-writing Keras callbacks write once per job
+  (`tfdist_ext.keras.worker_callbacks`); `.fit`, `.evaluate` and `.predict`
+  pad the workers' datasets to a common number of batches
+  (`tfdist_ext.keras.uneven.common_length`).
+
+`tfdist_ext.keras.uneven` (installed with them) makes synchronous training
+steps weight each replica's loss by its share of the global batch.
 """
 
 import functools
@@ -25,6 +32,7 @@ import numpy as np
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import calibration
+from tfdist_ext.keras import uneven, worker_callbacks
 
 log = logging.getLogger("tfdist_ext")
 
@@ -44,6 +52,9 @@ def install():
         trainer_cls.make_train_function = _wrap_make_train_function(
             trainer_cls.make_train_function)
         trainer_cls.fit = _wrap_fit(trainer_cls.fit)
+        trainer_cls.evaluate = _wrap_inference(trainer_cls.evaluate)
+        trainer_cls.predict = _wrap_inference(trainer_cls.predict)
+        uneven.install()
         _installed = True
 
 
@@ -66,10 +77,16 @@ def _wrap_update_step(original):
 def _wrap_make_train_function(original):
     @functools.wraps(original)
     def make_train_function(self, force=False):
-        runner = runner_of(self.distribute_strategy)
-        if runner is None or (self.train_function is not None and not force):
+        strategy = self.distribute_strategy
+        runner = runner_of(strategy)
+        if self.train_function is not None and not force:
             return original(self, force=force)
-        step = runner.wrap_train_step(self, self.train_step)
+        if runner is not None:
+            step = runner.wrap_train_step(self, self.train_step)
+        elif uneven.applies(strategy):
+            step = uneven.weighted_train_step(self.train_step)
+        else:
+            return original(self, force=force)
         if step is not self.train_step:
             self.train_step = step  # instance attribute, read by `_make_function`
             try:
@@ -78,9 +95,8 @@ def _wrap_make_train_function(original):
                 del self.train_step
         else:
             original(self, force=force)
-        if runner.worker_local_logs:
-            self.train_function = _worker_local(self.train_function,
-                                                self.distribute_strategy)
+        if runner is not None and runner.worker_local_logs:
+            self.train_function = _worker_local(self.train_function, strategy)
         return self.train_function
 
     return make_train_function
@@ -98,22 +114,50 @@ def _worker_local(train_function, strategy):
 def _wrap_fit(original):
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
-        own = getattr(self.distribute_strategy, "fit_callbacks", None)
-        extra = own() if own is not None else []
-        if not extra:
+        strategy = self.distribute_strategy
+        if not uneven.is_tfdist_strategy(strategy):
             return original(self, *args, **kwargs)
+        extra = strategy.fit_callbacks()
+        args = list(args)
+        for position, name in ((0, "x"), (7, "validation_data")):
+            _replace_argument(args, kwargs, position, name,
+                              lambda data: uneven.common_length(data, strategy))
         if len(args) > 5:  # x, y, batch_size, epochs, verbose, callbacks, ...
-            args = list(args)
             args[5] = _with_callbacks(args[5], extra)
+            callbacks = args[5]
         else:
             kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
-        return original(self, *args, **kwargs)
+            callbacks = kwargs["callbacks"]
+        with worker_callbacks.for_this_worker(callbacks, strategy):
+            return original(self, *args, **kwargs)
 
     return fit
 
 
+def _wrap_inference(original):
+    """`evaluate` / `predict`: the workers' datasets padded to a common length."""
+
+    @functools.wraps(original)
+    def run(self, *args, **kwargs):
+        strategy = self.distribute_strategy
+        if uneven.is_tfdist_strategy(strategy):
+            args = list(args)
+            _replace_argument(args, kwargs, 0, "x",
+                              lambda data: uneven.common_length(data, strategy))
+        return original(self, *args, **kwargs)
+
+    return run
+
+
+def _replace_argument(args, kwargs, position, name, replace):
+    if len(args) > position:
+        args[position] = replace(args[position])
+    elif name in kwargs:
+        kwargs[name] = replace(kwargs[name])
+
+
 def _with_callbacks(callbacks, extra):
-    if isinstance(callbacks, keras.callbacks.CallbackList):
+    if not extra or isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
     return extra + list(callbacks or [])
 

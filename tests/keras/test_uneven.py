@@ -1,0 +1,111 @@
+"""Any global batch size on any replica count: fit equals single-process training.
+
+scikit-learn's digits (1,347 training samples) in batches of 64 over 3
+replicas: local batches of 22/21/21 and a partial last batch of 3, or of 2
+(one replica empty) with 1,346 samples.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext.collectives import schedule
+from tfdist_ext.ops import ucx as ucx_ops
+from tests.workers import uneven_checks
+from conftest import ROOT, launch, read_worker_json
+
+ALGORITHMS = ["native", *schedule.ALGORITHMS.names()]
+RELAXED = [{"name": "local_sgd", "period": 3}, {"name": "stale_synchronous", "staleness": 2},
+           {"name": "delayed_averaging", "delay": 2},
+           {"name": "model_averaging", "learners_per_device": 2}]
+
+
+def _fit_both(strategy, samples=uneven_checks.SAMPLES, epochs=2):
+    x, y = uneven_checks.data()
+    x, y = x[:samples], y[:samples]
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(uneven_checks.BATCH)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = uneven_checks.build()
+    reference = uneven_checks.build()
+    reference.set_weights(model.get_weights())
+    got = model.fit(data, epochs=epochs, verbose=0).history
+    want = reference.fit(data, epochs=epochs, verbose=0).history
+    return model, reference, got, want, data
+
+
+def _assert_same_training(model, reference, got, want):
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["accuracy"], want["accuracy"], atol=1e-6)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_three_replicas_batch_64_equal_single_process(algorithm):
+    strategy = tfdist_ext.Strategy(num_replicas=3, allreduce=algorithm)
+    model, reference, got, want, data = _fit_both(strategy, epochs=1)
+    _assert_same_training(model, reference, got, want)
+    np.testing.assert_allclose(model.evaluate(data, verbose=0),
+                               reference.evaluate(data, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(model.predict(data, verbose=0),
+                               reference.predict(data, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["tf", "ucx"])
+def test_empty_replica_in_last_batch_counts_for_nothing(engine):
+    if engine == "ucx" and ucx_ops.problem() is not None:
+        pytest.skip("the UCX engine is not built here")
+    # 1,346 = 21 x 64 + 2: the last batch leaves one of 3 replicas empty.
+    strategy = tfdist_ext.Strategy(num_replicas=3, engine=engine)
+    model, reference, got, want, _ = _fit_both(strategy, samples=1346)
+    _assert_same_training(model, reference, got, want)
+
+
+def test_five_replicas_with_compression_and_buckets_train():
+    strategy = tfdist_ext.Strategy(num_replicas=5, compression={"name": "topk", "ratio": 0.3},
+                                   bucketing={"name": "fixed", "bytes_per_bucket": 4096})
+    model, _, got, _, _ = _fit_both(strategy)
+    assert np.all(np.isfinite(got["loss"])) and got["loss"][-1] < got["loss"][0], got
+    assert all(np.array_equal(w.values[0], w.values[-1])
+               for w in (v.value for v in model.trainable_variables))
+
+
+@pytest.mark.parametrize("policy", RELAXED, ids=lambda p: p["name"])
+def test_relaxed_policies_train_with_uneven_batches(policy):
+    strategy = tfdist_ext.Strategy(num_replicas=3, sync=policy)
+    model, _, got, _, _ = _fit_both(strategy)
+    assert np.all(np.isfinite(got["loss"])) and got["loss"][-1] < got["loss"][0], got
+    for variable in model.trainable_variables:  # drained at the end of fit: one model
+        values = [v.numpy() for v in variable.value.values]
+        np.testing.assert_allclose(values[0], values[1], rtol=1e-6)
+
+
+@pytest.mark.multiworker
+def test_three_workers_batch_64_every_algorithm_and_policy(tmp_path):
+    specs = [{"allreduce": name} for name in ("native", "ring", "butterfly", "tree")]
+    specs += [{"sync": policy} for policy in RELAXED]
+    specs += [{"compression": {"name": "topk", "ratio": 0.3}}, {"shard": True}]
+    texts = [json.dumps(spec) for spec in specs]
+    code, out, _ = launch(3, [ROOT / "tests" / "workers" / "uneven_checks.py", tmp_path,
+                              *texts], timeout=600)
+    assert code == 0, out[-5000:]
+    results = read_worker_json(tmp_path, 3)
+    for spec, text in zip(specs, texts):
+        runs = [r[text] for r in results]
+        assert all("error" not in run for run in runs), (text, runs[0].get("error"))
+        assert len({run["sha"] for run in runs}) == 1, text  # one model on every worker
+        assert all(run["predict_shape"] == [uneven_checks.SAMPLES, 10] for run in runs)
+        run = runs[0]
+        if "allreduce" in spec:
+            want = run["reference"]
+            np.testing.assert_allclose(run["loss"], want["loss"], rtol=1e-5, err_msg=text)
+            np.testing.assert_allclose(run["accuracy"], want["accuracy"], atol=1e-6)
+            np.testing.assert_allclose(run["weights"], want["weights"], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(run["evaluate"], want["evaluate"], rtol=1e-5)
+        else:
+            assert np.all(np.isfinite(run["loss"])) and run["loss"][-1] < run["loss"][0], text

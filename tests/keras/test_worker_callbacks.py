@@ -1,0 +1,57 @@
+"""Keras' file-writing callbacks across 2 workers, and exact resume after a kill."""
+
+import json
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import ROOT, launch, read_worker_json
+
+pytestmark = pytest.mark.multiworker
+CHECKS = ROOT / "tests" / "workers" / "callback_checks.py"
+
+
+def test_checkpoint_tensorboard_csv_and_backup_write_once(tmp_path):
+    code, out, _ = launch(2, [CHECKS, tmp_path, "files"], timeout=240)
+    assert code == 0, out[-4000:]
+    checkpoints = sorted(p.name for p in tmp_path.glob("ckpt-*"))
+    assert checkpoints == ["ckpt-1.keras", "ckpt-2.keras", "ckpt-3.keras"]
+    final = read_worker_json(tmp_path, 2)[0]["weights"]
+    model = keras.saving.load_model(tmp_path / "ckpt-3.keras")
+    for got, want in zip(model.get_weights(), final):
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))
+    assert len(list((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))) == 1
+    rows = (tmp_path / "log.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("epoch,loss") and len(rows) == 4, rows
+    assert not (tmp_path / "backup").exists()  # the chief deleted it at the end
+
+
+def _weights(directory):
+    return [np.asarray(w) for w in read_worker_json(directory, 2)[0]["weights"]]
+
+
+@pytest.mark.parametrize("options", [{}, {"compression": {"name": "topk", "ratio": 0.1}}],
+                         ids=["sync", "topk"])
+def test_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, options):
+    resumed, uninterrupted = tmp_path / "resumed", tmp_path / "uninterrupted"
+    resumed.mkdir()
+    uninterrupted.mkdir()
+    text = json.dumps(options)
+    code, out, _ = launch(2, [CHECKS, resumed, "resume", 2, text], timeout=240)
+    assert code != 0 and "SIGKILL" in out, out[-3000:]  # worker 1 killed itself in epoch 2
+    backup = resumed / "backup"
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
+    assert (backup / "tfdist-worker0").is_dir() and (backup / "tfdist-worker1").is_dir()
+    code, out, _ = launch(2, [CHECKS, resumed, "resume", -1, text], timeout=240)
+    assert code == 0, out[-4000:]
+    code, out, _ = launch(2, [CHECKS, uninterrupted, "resume", -1, text], timeout=240)
+    assert code == 0, out[-4000:]
+    results = read_worker_json(resumed, 2)
+    assert len(results[0]["loss"]) == 2  # epochs 2 and 3 only: it resumed
+    assert results[0]["optimizer_iterations"] == read_worker_json(
+        uninterrupted, 2)[0]["optimizer_iterations"]
+    for got, want in zip(_weights(resumed), _weights(uninterrupted)):
+        np.testing.assert_array_equal(got, want)
+    assert results[0]["weights"] == results[1]["weights"]

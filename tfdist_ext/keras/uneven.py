@@ -1,0 +1,192 @@
+"""Any global batch size on any number of replicas, with single-process results.
+
+A global batch of B samples split over R replicas gives local batches of
+unequal sizes n_r whenever R does not divide B, at the partial last batch of
+an epoch, and when one worker's shard runs out first (its replicas then get
+empty batches until every shard is exhausted). Two things in Keras 3's `fit`
+assume equal local batches, and `install` repairs both for
+`tfdist_ext.Strategy` (other strategies are untouched):
+
+* `TensorFlowTrainer._maybe_symbolic_build` all-reduces (MEAN) the first
+  data batch only to get a sample batch for building the model; local
+  batches of different lengths make that collective fail ("Shape mismatch in
+  the collective instance"). Under our strategy the first local batch is used
+  instead: every worker builds the same variables from the same feature
+  shapes.
+* Keras scales each replica's loss by 1 / R (`scale_loss_for_distribution`)
+  so that the summed gradients are the global mean. With unequal n_r the
+  correct weight is n_r / N, where N = sum of n_r: otherwise a sample in a
+  small local batch counts more than one in a large batch. During a
+  synchronous training step the strategy all-reduces n_r (one scalar
+  collective per step, skipped when the local batch size is static, which
+  means every replica has the same) and the loss is scaled by n_r / N; the
+  logged loss is unscaled by the same factor, so `fit`'s loss and metrics
+  equal single-process values.
+
+Keras runs as many steps per epoch as the local dataset has batches. When the
+user shards a dataset per worker (auto-sharding off) the workers' shards can
+differ in length, and the worker that ran out first would leave the others
+waiting in a collective. `common_length` pads each worker's `tf.data.Dataset`
+with empty batches up to the longest shard's batch count (agreed through
+the coordination service), and the sample weighting above gives those empty
+batches weight 0.
+
+Relaxed sync policies (`tfdist_ext.sync`) take local steps on the local mean
+gradient and keep Keras' 1 / R scaling, which their runners undo.
+"""
+
+import contextlib
+import functools
+import itertools
+import logging
+import threading
+
+import keras
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+log = logging.getLogger("tfdist_ext")
+_step = threading.local()  # replica threads trace the step concurrently
+_agreements = itertools.count()  # the same sequence on every worker (SPMD)
+
+
+def install():
+    """Wraps Keras' loss scaling and symbolic build (called by `hooks.install`)."""
+    loss_module = _compat.keras_loss
+    loss_module.scale_loss_for_distribution = _wrap_scale(
+        loss_module.scale_loss_for_distribution)
+    loss_module.unscale_loss_for_distribution = _wrap_unscale(
+        loss_module.unscale_loss_for_distribution)
+    trainer_cls = _compat.TensorFlowTrainer
+    trainer_cls._maybe_symbolic_build = _wrap_symbolic_build(  # pylint: disable=protected-access
+        trainer_cls._maybe_symbolic_build)  # pylint: disable=protected-access
+
+
+def is_tfdist_strategy(strategy) -> bool:
+    return hasattr(strategy, "sync_runner") and hasattr(strategy, "config")
+
+
+def applies(strategy) -> bool:
+    """Whether training steps under `strategy` weight replicas by their samples."""
+    return (is_tfdist_strategy(strategy) and strategy.sync_runner is None
+            and strategy.num_replicas_in_sync > 1)
+
+
+def weighted_train_step(train_step):
+    """`train_step` with each replica's loss weighted by its share of the samples."""
+
+    @functools.wraps(train_step)
+    def step(data):
+        with _loss_scale(_sample_share(data)):
+            return train_step(data)
+
+    return step
+
+
+def _sample_share(data):
+    """n_r / N for this replica's batch, or None when every batch has the same size."""
+    x = keras.utils.unpack_x_y_sample_weight(data)[0]
+    first = next((t for t in tf.nest.flatten(x) if t is not None), None)
+    if first is None:
+        return None
+    first = tf.convert_to_tensor(first)
+    if first.shape.rank and first.shape[0] is not None:
+        return None  # a static batch dimension: the same on every replica
+    samples = tf.cast(tf.shape(first)[0], tf.float32)
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                           samples)
+    return tf.math.divide_no_nan(samples, total)
+
+
+@contextlib.contextmanager
+def _loss_scale(share):
+    previous = getattr(_step, "share", None)
+    _step.share = share
+    try:
+        yield
+    finally:
+        _step.share = previous
+
+
+def _wrap_scale(original):
+    @functools.wraps(original)
+    def scale_loss_for_distribution(value):
+        share = getattr(_step, "share", None)
+        if share is None:
+            return original(value)
+        return value * tf.cast(share, value.dtype)
+
+    return scale_loss_for_distribution
+
+
+def _wrap_unscale(original):
+    @functools.wraps(original)
+    def unscale_loss_for_distribution(value):
+        share = getattr(_step, "share", None)
+        if share is None:
+            return original(value)
+        # An empty local batch has share 0 and contributes weight 0.
+        return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))
+
+    return unscale_loss_for_distribution
+
+
+def _wrap_symbolic_build(original):
+    @functools.wraps(original)
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy  # pylint: disable=protected-access
+        if iterator is None or strategy is None or not is_tfdist_strategy(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0]
+                if _compat.is_distributed_value(v) else v, batch)
+            break
+        return original(self, data_batch=data_batch)
+
+    return maybe_symbolic_build
+
+
+def common_length(dataset, strategy):
+    """`dataset` padded with empty batches to the longest worker's batch count.
+
+    Args:
+        dataset: What the user passed to `fit` / `evaluate` / `predict` (only
+            a `tf.data.Dataset` of known cardinality is padded; anything else
+            is returned unchanged).
+        strategy: A `tfdist_ext.Strategy`. Every worker must call this in the
+            same order (it exchanges batch counts through the coordination
+            service).
+    """
+    if not isinstance(dataset, tf.data.Dataset) or strategy.num_workers < 2:
+        return dataset
+    batches = int(dataset.cardinality())
+    counts = [int(c) for c in strategy.exchange(f"batches/{next(_agreements)}", batches)]
+    if min(counts) < 0 or min(counts) == max(counts):
+        return dataset  # unknown / infinite somewhere, or already equal
+    empty = _empty_batch(dataset.element_spec)
+    if empty is None:
+        log.warning("tfdist_ext: workers' datasets have %s batches; cannot pad this one "
+                    "(its element_spec %s has unknown non-batch dimensions), so the "
+                    "workers will fall out of step.", counts, dataset.element_spec)
+        return dataset
+    padded = dataset.concatenate(
+        tf.data.Dataset.from_tensors(empty).repeat(max(counts) - batches))
+    return padded.with_options(dataset.options())
+
+
+def _empty_batch(spec):
+    def empty(leaf):
+        if not isinstance(leaf, tf.TensorSpec) or leaf.shape.rank is None:
+            raise ValueError(leaf)
+        if leaf.shape.rank == 0 or not leaf.shape[1:].is_fully_defined():
+            raise ValueError(leaf)
+        return tf.zeros([0] + leaf.shape[1:].as_list(), leaf.dtype)
+
+    try:
+        return tf.nest.map_structure(empty, spec)
+    except ValueError:
+        return None
+
