@@ -26,8 +26,8 @@ def pytest_configure(config):
     cluster.local_devices(MAX_LOCAL_REPLICAS)
 
 
-def launch(num_workers, args, timeout=300, extra_env=None):
-    """Runs `python args...` on `num_workers` workers through tfdist-run.
+def launch(num_workers, args, timeout=300, extra_env=None, options=()):
+    """Runs `python args...` on `num_workers` workers through tfdist-run (with `options`).
 
     Returns:
         (exit code, combined output, seconds taken).
@@ -37,7 +37,7 @@ def launch(num_workers, args, timeout=300, extra_env=None):
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers),
-         "--timeout", str(timeout), sys.executable, *map(str, args)],
+         "--timeout", str(timeout), *options, sys.executable, *map(str, args)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout + 30,
         check=False)
     return result.returncode, result.stdout + result.stderr, time.monotonic() - start

@@ -25,7 +25,9 @@ mode = sys.argv[2]
 if mode == "fail" and index == 1:
     time.sleep(0.5)
     sys.exit(3)
-if mode == "ok":
+if mode == "fail_once" and index == 1 and os.environ["TFDIST_RESTART"] == "0":
+    sys.exit(3)
+if mode in ("ok", "fail_once"):
     child.kill()
     sys.exit(0)
 time.sleep(120)
@@ -135,3 +137,20 @@ def test_ports_are_distinct_and_configs_name_every_worker():
     assert len(set(ports)) == 16
     configs = tf_configs(["a:1", "b:2"])
     assert '"index": 1' in configs[1] and '"worker": ["a:1", "b:2"]' in configs[0]
+
+
+@pytest.mark.parametrize("mode, code, restarts", [("fail_once", 0, 1), ("fail", 3, 2)])
+def test_max_restarts_starts_the_job_again_and_says_why(tmp_path, mode, code, restarts):
+    launcher = _start(tmp_path, 2, mode, "--max-restarts", "2")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == code, out
+    for attempt in range(1, restarts + 1):
+        assert f"restart {attempt} of 2: worker 1 exited with code 3; " \
+               "starting all 2 workers again." in out
+    assert f"restart {restarts + 1} of" not in out
+
+
+def test_max_restarts_must_not_be_negative(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["-np", "2", "--max-restarts", "-1", "true"])
+    assert "--max-restarts" in capsys.readouterr().err

@@ -32,22 +32,7 @@ def _weights(directory):
     return [np.asarray(w) for w in read_worker_json(directory, 2)[0]["weights"]]
 
 
-@pytest.mark.parametrize("options", [{}, {"compression": {"name": "topk", "ratio": 0.1}}],
-                         ids=["sync", "topk"])
-def test_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, options):
-    resumed, uninterrupted = tmp_path / "resumed", tmp_path / "uninterrupted"
-    resumed.mkdir()
-    uninterrupted.mkdir()
-    text = json.dumps(options)
-    code, out, _ = launch(2, [CHECKS, resumed, "resume", 2, text], timeout=240)
-    assert code != 0 and "SIGKILL" in out, out[-3000:]  # worker 1 killed itself in epoch 2
-    backup = resumed / "backup"
-    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
-    assert (backup / "tfdist-worker0").is_dir() and (backup / "tfdist-worker1").is_dir()
-    code, out, _ = launch(2, [CHECKS, resumed, "resume", -1, text], timeout=240)
-    assert code == 0, out[-4000:]
-    code, out, _ = launch(2, [CHECKS, uninterrupted, "resume", -1, text], timeout=240)
-    assert code == 0, out[-4000:]
+def _compare(resumed, uninterrupted):
     results = read_worker_json(resumed, 2)
     assert len(results[0]["loss"]) == 2  # epochs 2 and 3 only: it resumed
     assert results[0]["optimizer_iterations"] == read_worker_json(
@@ -55,3 +40,35 @@ def test_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, options):
     for got, want in zip(_weights(resumed), _weights(uninterrupted)):
         np.testing.assert_array_equal(got, want)
     assert results[0]["weights"] == results[1]["weights"]
+
+
+def _uninterrupted(tmp_path, text):
+    directory = tmp_path / "uninterrupted"
+    directory.mkdir()
+    code, out, _ = launch(2, [CHECKS, directory, "resume", -1, text], timeout=240)
+    assert code == 0, out[-4000:]
+    return directory
+
+
+def test_killed_top_k_job_restarted_by_hand_resumes_exactly(tmp_path):
+    text = json.dumps({"compression": {"name": "topk", "ratio": 0.1}})
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    code, out, _ = launch(2, [CHECKS, resumed, "resume", 2, text], timeout=240)
+    assert code != 0 and "SIGKILL" in out, out[-3000:]  # worker 1 killed itself in epoch 2
+    backup = resumed / "backup"
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
+    assert (backup / "tfdist-worker0").is_dir() and (backup / "tfdist-worker1").is_dir()
+    code, out, _ = launch(2, [CHECKS, resumed, "resume", -1, text], timeout=240)
+    assert code == 0, out[-4000:]
+    _compare(resumed, _uninterrupted(tmp_path, text))
+
+
+def test_max_restarts_completes_a_fit_whose_worker_dies_once(tmp_path):
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    code, out, _ = launch(2, [CHECKS, resumed, "resume", 2, "{}"], timeout=240,
+                          options=["--max-restarts", "1"])
+    assert code == 0, out[-4000:]
+    assert "restart 1 of 1: worker 1 was killed by SIGKILL" in out
+    _compare(resumed, _uninterrupted(tmp_path, "{}"))

@@ -6,7 +6,8 @@
 `files`: a 3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger and
 BackupAndRestore writing under OUT_DIR, as a user would write them.
 `resume`: a 4-epoch fit with BackupAndRestore(OUT_DIR/backup); with
-CRASH_EPOCH, worker 1 kills itself (SIGKILL) in the middle of that epoch.
+CRASH_EPOCH, worker 1 kills itself (SIGKILL) in the middle of that epoch (in
+the first attempt only, when `tfdist-run --max-restarts` starts it again).
 OPTIONS_JSON: `tfdist_ext.Strategy` options. Both write the final weights
 and losses to OUT_DIR/w<index>.json.
 """
@@ -58,7 +59,8 @@ def main(out_dir, mode, crash_epoch=None, options="{}"):
         epochs = 3
     else:
         callbacks = [keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))]
-        if crash_epoch is not None and int(crash_epoch) >= 0 and index == 1:
+        first_attempt = os.environ.get("TFDIST_RESTART", "0") == "0"
+        if crash_epoch is not None and int(crash_epoch) >= 0 and index == 1 and first_attempt:
             callbacks.append(KillAt(int(crash_epoch), 5))
         epochs = 4
     history = model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks).history

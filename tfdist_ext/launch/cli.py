@@ -87,6 +87,11 @@ def build_parser():
     parser.add_argument("--grace", type=_positive(float, 0.0), default=3.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping workers "
                              "(default 3)")
+    parser.add_argument("--max-restarts", type=_positive(int, 0), default=0, metavar="N",
+                        help="start the whole job again, up to N times, when a worker "
+                             "fails (not after --timeout or a signal); workers read the "
+                             "attempt in TFDIST_RESTART. With keras.callbacks."
+                             "BackupAndRestore, training resumes from the last backup")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show TensorFlow's C++ log lines (filtered by default)")
     parser.add_argument("--link-bandwidth", type=_rate, default=None, metavar="RATE",
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
         except netbed.NetBedError as err:
             parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
-                        verbose=args.verbose)
+                        verbose=args.verbose, max_restarts=args.max_restarts)
     try:
         if args.link_bandwidth is not None:
             return _run_shaped(args, command, launcher)

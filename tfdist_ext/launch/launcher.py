@@ -87,10 +87,16 @@ class Launcher:
         out: Stream for the prefixed output and the launcher's messages.
         network: A `netbed.NetBed` that is set up (or None): worker i then runs
             in its namespace and TF_CONFIG names the namespaces' addresses.
+        max_restarts: How many times the whole job is started again after a
+            worker fails (as torchrun's `--max-restarts`); each restart is
+            printed with its cause, and workers see the attempt number in
+            `TFDIST_RESTART` (0 at first). Not after a timeout or a signal to
+            the launcher. With `keras.callbacks.BackupAndRestore` training
+            resumes from the last backup.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
-                 verbose=False, env=None, out=None, network=None):
+                 verbose=False, env=None, out=None, network=None, max_restarts=0):
         self.num_workers = num_workers
         self.command = list(command)
         self.timeout = timeout
@@ -103,6 +109,10 @@ class Launcher:
         self._pumps: List[threading.Thread] = []
         self._lock = threading.Lock()
         self._stop_signal: Optional[int] = None
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._started = None
+        self._failure = None  # why the last attempt ended (None: success, timeout or signal)
 
     def say(self, message: str):
         with self._lock:
@@ -125,7 +135,8 @@ class Launcher:
         for index, config in enumerate(configs):
             # `ip netns exec` execs the command: the pid and process group stay the same.
             command = self.network.wrap(index, self.command) if self.network else self.command
-            env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1", **self.env)
+            env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
+                       TFDIST_RESTART=str(self.restarts), **self.env)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env.setdefault("GRPC_VERBOSITY", "ERROR")
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
@@ -170,11 +181,19 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.signal(sig, self._on_signal)
+        self._started = time.monotonic()
         try:
-            code = self._supervise()
-            for pump in self._pumps:  # Flush what the workers printed last.
-                pump.join(timeout=2.0)
-            return code
+            while True:
+                self._failure = None
+                code = self._supervise()
+                for pump in self._pumps:  # Flush what the workers printed last.
+                    pump.join(timeout=2.0)
+                if self._failure is None or self.restarts >= self.max_restarts:
+                    return code
+                self.restarts += 1
+                self.say(f"restart {self.restarts} of {self.max_restarts}: {self._failure}; "
+                         f"starting all {self.num_workers} workers again.")
+                self.workers, self._pumps = [], []
         finally:
             if any(w.process.poll() is None for w in self.workers):
                 self.stop_all()  # An exception left workers running.
@@ -183,7 +202,7 @@ class Launcher:
 
     def _supervise(self) -> int:
         self._start()
-        started = time.monotonic()
+        started = self._started if self._started is not None else time.monotonic()
         while True:
             if self._stop_signal is not None:
                 name = signal.Signals(self._stop_signal).name
@@ -200,6 +219,7 @@ class Launcher:
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
                     running = [w.index for w in self.workers if w.process.poll() is None]
+                    self._failure = f"worker {worker.index} {describe_exit(code)}"
                     self.say(f"worker {worker.index} (pid {worker.process.pid}) "
                              f"{describe_exit(code)}; stopping workers {running}.")
                     self.stop_all()
