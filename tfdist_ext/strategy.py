@@ -203,8 +203,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if "auto" in config.allreduce.algorithms or uses_backward_times:
             self._calibrate()  # before the sync runner, whose background ops share it
         self.sync_runner = config.sync.runner(self)
-        from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.keras import hooks, preemption  # pylint: disable=import-outside-toplevel
         hooks.install()
+        # After TF's coordination service, whose own SIGTERM handler this replaces.
+        self.preemption = preemption.Preemption(self.extended.worker_devices[0])
+        self.preemption.install_handler()
 
     @property
     def _cross_ops(self):

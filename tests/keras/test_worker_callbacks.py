@@ -72,3 +72,22 @@ def test_max_restarts_completes_a_fit_whose_worker_dies_once(tmp_path):
     assert code == 0, out[-4000:]
     assert "restart 1 of 1: worker 1 was killed by SIGKILL" in out
     _compare(resumed, _uninterrupted(tmp_path, "{}"))
+
+
+def test_sigterm_stops_every_worker_at_one_step_with_a_backup_to_resume_from(tmp_path):
+    code, out, seconds = launch(2, [CHECKS, tmp_path, "preempt", 1, "{}"], timeout=240)
+    assert code == 143, out[-4000:]
+    assert "[1] WARNING:tfdist_ext:tfdist_ext: received SIGTERM" in out
+    # SIGTERM arrived after batch 5 of epoch 1: both stop after batch 6.
+    for worker in (0, 1):
+        assert (f"[{worker}] WARNING:tfdist_ext:tfdist_ext: stopped by a preemption request "
+                f"in epoch 1 after batch 6, backup in {tmp_path / 'backup'}; exiting with "
+                "code 143.") in out
+    assert seconds < 90, seconds
+    metadata = json.loads((tmp_path / "backup" / "training_metadata.json").read_text())
+    assert metadata["epoch"] == 1
+    code, out, _ = launch(2, [CHECKS, tmp_path, "resume", -1, "{}"], timeout=240)
+    assert code == 0, out[-4000:]
+    results = read_worker_json(tmp_path, 2)
+    assert len(results[0]["loss"]) == 3  # epochs 1-3: resumed in the interrupted epoch
+    assert results[0]["weights"] == results[1]["weights"]

@@ -1,13 +1,14 @@
 """Worker program for tests/keras/test_worker_callbacks.py (run under tfdist-run).
 
     python callback_checks.py OUT_DIR files
-    python callback_checks.py OUT_DIR resume [CRASH_EPOCH] [OPTIONS_JSON]
+    python callback_checks.py OUT_DIR resume|preempt [CRASH_EPOCH] [OPTIONS_JSON]
 
 `files`: a 3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger and
 BackupAndRestore writing under OUT_DIR, as a user would write them.
 `resume`: a 4-epoch fit with BackupAndRestore(OUT_DIR/backup); with
 CRASH_EPOCH, worker 1 kills itself (SIGKILL) in the middle of that epoch (in
-the first attempt only, when `tfdist-run --max-restarts` starts it again).
+the first attempt only, when `tfdist-run --max-restarts` starts it again);
+`preempt` sends SIGTERM instead.
 OPTIONS_JSON: `tfdist_ext.Strategy` options. Both write the final weights
 and losses to OUT_DIR/w<index>.json.
 """
@@ -25,16 +26,16 @@ import tfdist_ext
 
 
 class KillAt(keras.callbacks.Callback):
-    def __init__(self, epoch, batch):
+    def __init__(self, epoch, batch, sig=signal.SIGKILL):
         super().__init__()
-        self.epoch, self.batch, self.current = epoch, batch, -1
+        self.epoch, self.batch, self.current, self.signal = epoch, batch, -1, sig
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         if self.current == self.epoch and batch == self.batch:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)
 
 
 def main(out_dir, mode, crash_epoch=None, options="{}"):
@@ -61,7 +62,8 @@ def main(out_dir, mode, crash_epoch=None, options="{}"):
         callbacks = [keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))]
         first_attempt = os.environ.get("TFDIST_RESTART", "0") == "0"
         if crash_epoch is not None and int(crash_epoch) >= 0 and index == 1 and first_attempt:
-            callbacks.append(KillAt(int(crash_epoch), 5))
+            sig = signal.SIGTERM if mode == "preempt" else signal.SIGKILL
+            callbacks.append(KillAt(int(crash_epoch), 5, sig))
         epochs = 4
     history = model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks).history
     result = {"loss": history["loss"], "weights": [w.tolist() for w in model.get_weights()],

@@ -16,7 +16,9 @@ other strategy:
   the file-writing Keras callbacks write once per job
   (`tfdist_ext.keras.worker_callbacks`); `.fit`, `.evaluate` and `.predict`
   pad the workers' datasets to a common number of batches
-  (`tfdist_ext.keras.uneven.common_length`).
+  (`tfdist_ext.keras.uneven.common_length`); `.fit` in synchronous training
+  also ends on every worker at a common step after a SIGTERM
+  (`tfdist_ext.keras.preemption`).
 
 `tfdist_ext.keras.uneven` (installed with them) makes synchronous training
 steps weight each replica's loss by its share of the global batch.
@@ -32,7 +34,7 @@ import numpy as np
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import uneven, worker_callbacks
+from tfdist_ext.keras import preemption, uneven, worker_callbacks
 
 log = logging.getLogger("tfdist_ext")
 
@@ -84,7 +86,7 @@ def _wrap_make_train_function(original):
         if runner is not None:
             step = runner.wrap_train_step(self, self.train_step)
         elif uneven.applies(strategy):
-            step = uneven.weighted_train_step(self.train_step)
+            step = uneven.weighted_train_step(self.train_step, strategy)
         else:
             return original(self, force=force)
         if step is not self.train_step:
@@ -129,6 +131,15 @@ def _wrap_fit(original):
             kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
             callbacks = kwargs["callbacks"]
         with worker_callbacks.for_this_worker(callbacks, strategy):
+            if strategy.sync_runner is None and not isinstance(
+                    callbacks, keras.callbacks.CallbackList):
+                backups = [c for c in callbacks or []
+                           if isinstance(c, keras.callbacks.BackupAndRestore)]
+                stop = preemption.StopOnPreemption(strategy, backups)
+                if len(args) > 5:
+                    args[5] = list(args[5] or []) + [stop]
+                else:
+                    kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
             return original(self, *args, **kwargs)
 
     return fit

@@ -73,30 +73,44 @@ def applies(strategy) -> bool:
             and strategy.num_replicas_in_sync > 1)
 
 
-def weighted_train_step(train_step):
-    """`train_step` with each replica's loss weighted by its share of the samples."""
+def weighted_train_step(train_step, strategy):
+    """`train_step` with each replica's loss weighted by its share of the samples.
+
+    The same all-reduce carries the workers' preemption requests
+    (`tfdist_ext.keras.preemption`) to every worker.
+    """
 
     @functools.wraps(train_step)
     def step(data):
-        with _loss_scale(_sample_share(data)):
+        with _loss_scale(_agree(data, strategy)):
             return train_step(data)
 
     return step
 
 
-def _sample_share(data):
-    """n_r / N for this replica's batch, or None when every batch has the same size."""
+def _agree(data, strategy):
+    """n_r / N for this replica's batch (None when every batch has the same size).
+
+    With several workers the all-reduce also sums the stop requests into
+    `strategy.preemption.agreed`.
+    """
     x = keras.utils.unpack_x_y_sample_weight(data)[0]
     first = next((t for t in tf.nest.flatten(x) if t is not None), None)
-    if first is None:
-        return None
-    first = tf.convert_to_tensor(first)
-    if first.shape.rank and first.shape[0] is not None:
+    static = first is None or (tf.convert_to_tensor(first).shape.rank
+                               and tf.convert_to_tensor(first).shape[0] is not None)
+    preemption = strategy.preemption if strategy.num_workers > 1 else None
+    if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
-    samples = tf.cast(tf.shape(first)[0], tf.float32)
-    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                           samples)
-    return tf.math.divide_no_nan(samples, total)
+    samples = (tf.constant(0.0) if first is None
+               else tf.cast(tf.shape(tf.convert_to_tensor(first))[0], tf.float32))
+    values = [samples]
+    if preemption is not None:
+        values.append(preemption.requested.read_value())
+    totals = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                            tf.stack(values))
+    if preemption is not None:
+        preemption.agreed.assign(totals[1])
+    return None if static else tf.math.divide_no_nan(samples, totals[0])
 
 
 @contextlib.contextmanager

@@ -59,6 +59,12 @@ def tf_configs(addresses: Sequence[str]) -> List[str]:
             for i in range(len(addresses))]
 
 
+# Seconds workers get between a forwarded SIGINT / SIGTERM and the SIGTERM + SIGKILL of
+# `stop_all`: a `tfdist_ext.Strategy` stops all workers at a common step and writes its
+# backups on SIGTERM (`tfdist_ext.keras.preemption`).
+PREEMPT_GRACE = 30.0
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -206,8 +212,13 @@ class Launcher:
         while True:
             if self._stop_signal is not None:
                 name = signal.Signals(self._stop_signal).name
-                self.say(f"received {name}; stopping all {self.num_workers} workers.")
+                self.say(f"received {name}; stopping all {self.num_workers} workers "
+                         f"(they have {PREEMPT_GRACE:g} s to write their backups).")
                 self._signal_all(self._stop_signal)
+                deadline = time.monotonic() + PREEMPT_GRACE
+                while time.monotonic() < deadline and any(
+                        w.process.poll() is None for w in self.workers):
+                    time.sleep(0.05)
                 self.stop_all()
                 return 128 + self._stop_signal
             if self.timeout is not None and time.monotonic() - started > self.timeout:
