@@ -24,6 +24,7 @@ from tensorflow.python.util import nest
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
+from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
@@ -47,6 +48,10 @@ group_by_size = cross_device_utils.group_by_size
 TFOptimizer = keras_tf_optimizer.TFOptimizer
 TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
 PerReplica = distribute_values.PerReplica
+# `tfdist_ext.keras.optimizer_fixes` wraps `TFOptimizer._backend_apply_gradients`
+# and `LossScaleOptimizer._tf_apply` so that clipping, gradient accumulation and
+# loss-scale skips decide on the all-reduced gradients.
+LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 # `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
 # (module functions, looked up at call time by Keras' losses and trainer) are
 # wrapped by `tfdist_ext.keras.uneven` to weight replicas by their samples.

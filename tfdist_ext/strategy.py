@@ -321,6 +321,21 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """This process's index among the workers (0 without TF_CONFIG; 0 is the chief)."""
         return self._cross_ops.first_rank // len(self.extended.worker_devices)
 
+    def all_reduce_dense(self, reduce_op, value):
+        """All-reduces `value` (a tensor) from replica context: never compressed or counted.
+
+        For the strategy's own bookkeeping collectives (sample counts, stop
+        requests, overflow flags); `replica_context.all_reduce` would treat
+        them as gradients.
+        """
+        cross_ops = self._cross_ops
+
+        def merge_fn(strategy, per_replica):
+            with cross_ops.dense_reductions():
+                return strategy.extended.batch_reduce_to(reduce_op, [(per_replica, per_replica)])[0]
+
+        return tf.distribute.get_replica_context().merge_call(merge_fn, args=(value,))
+
     def exchange(self, name: str, value: str):
         """Every worker's `value`, in worker order, through the coordination service.
 

@@ -21,7 +21,9 @@ other strategy:
   (`tfdist_ext.keras.preemption`).
 
 `tfdist_ext.keras.uneven` (installed with them) makes synchronous training
-steps weight each replica's loss by its share of the global batch.
+steps weight each replica's loss by its share of the global batch, and
+`tfdist_ext.keras.optimizer_fixes` makes clipping, gradient accumulation and
+loss-scale skips decide on the all-reduced gradients.
 """
 
 import functools
@@ -34,7 +36,7 @@ import numpy as np
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import preemption, uneven, worker_callbacks
+from tfdist_ext.keras import optimizer_fixes, preemption, uneven, worker_callbacks
 
 log = logging.getLogger("tfdist_ext")
 
@@ -57,6 +59,7 @@ def install():
         trainer_cls.evaluate = _wrap_inference(trainer_cls.evaluate)
         trainer_cls.predict = _wrap_inference(trainer_cls.predict)
         uneven.install()
+        optimizer_fixes.install()
         _installed = True
 
 

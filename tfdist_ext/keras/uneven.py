@@ -106,8 +106,7 @@ def _agree(data, strategy):
     values = [samples]
     if preemption is not None:
         values.append(preemption.requested.read_value())
-    totals = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                            tf.stack(values))
+    totals = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, tf.stack(values))
     if preemption is not None:
         preemption.agreed.assign(totals[1])
     return None if static else tf.math.divide_no_nan(samples, totals[0])
