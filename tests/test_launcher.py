@@ -135,6 +135,10 @@ def test_missing_program_is_reported(capsys):
 def test_ports_are_distinct_and_configs_name_every_worker():
     ports = free_ports(16)
     assert len(set(ports)) == 16
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        ephemeral_low = int(f.read().split()[0])
+    # Outgoing connections take ports from the ephemeral range: a worker's port must not be there.
+    assert all(1024 <= port < ephemeral_low for port in ports), ports
     configs = tf_configs(["a:1", "b:2"])
     assert '"index": 1' in configs[1] and '"worker": ["a:1", "b:2"]' in configs[0]
 

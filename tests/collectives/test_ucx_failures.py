@@ -46,7 +46,8 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig):
     files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
     workers = [_start(configs, i, files[i]) for i in range(2)]
     try:
-        assert _wait_for(logs[0], "epoch 0 done", 120), logs[0].read_text()[-3000:]
+        assert _wait_for(logs[0], "epoch 0 done", 120), \
+            [log.read_text(errors="replace")[-3000:] for log in logs]
         workers[1].send_signal(sig)
         stopped = time.monotonic()
         code = workers[0].wait(timeout=LIMIT_SECONDS + 30)

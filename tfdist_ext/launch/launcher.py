@@ -11,6 +11,7 @@ after `grace` seconds) and the launcher says which worker failed and how.
 import dataclasses
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -39,10 +40,29 @@ class Worker:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
-    """`count` distinct ports that were free a moment ago on `host`."""
-    sockets = []
+    """`count` distinct ports that were free a moment ago on `host`.
+
+    The ports are drawn below the kernel's ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range) where there is room: the kernel
+    gives outgoing connections (gRPC, UCX) ports from that range, so one
+    opened between this call and a worker's bind cannot take a chosen port.
+    """
+    low = _ephemeral_low()
+    pool = list(range(max(1024, low - 16384), low))
+    random.SystemRandom().shuffle(pool)
+    sockets: List[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in pool:
+            if len(sockets) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:  # no room below the ephemeral range
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((host, 0))
             sockets.append(sock)
@@ -50,6 +70,14 @@ def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def tf_configs(addresses: Sequence[str]) -> List[str]:
