@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing, cluster, compression, sync
+from tfdist_ext import _compat, bucketing, cluster, compression, startup, sync
 from tfdist_ext.collectives import auto, calibration, refine
 from tfdist_ext.collectives import engines
 from tfdist_ext.collectives import options as allreduce_options
@@ -164,6 +164,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             collective ops) or "auto" ("ucx" where it is built, else "tf"
             with a warning). Defaults to "auto". See
             `tfdist_ext.collectives.engines`.
+        startup_timeout: Seconds a worker waits for every task of TF_CONFIG
+            to join before it is killed (SIGKILL) with a message naming the
+            workers that did not answer; 0 waits forever. Defaults to 600.
+            Raise it when a scheduler starts a job's workers far apart.
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the
@@ -173,8 +177,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     _key_counter = itertools.count()
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
-                 num_replicas: Optional[int] = None, engine: Optional[str] = None):
+                 num_replicas: Optional[int] = None, engine: Optional[str] = None,
+                 startup_timeout: float = startup.DEFAULT_SECONDS):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
+        startup_timeout = startup.validate(startup_timeout)
         spec = cluster.cluster_from_env()
         devices = None
         if num_replicas is not None:
@@ -188,7 +194,12 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             devices = cluster.local_devices(num_replicas)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
-        _compat.strategy_init(self, _Extended(self, config, devices))
+        if spec is None or spec.num_workers < 2:
+            _compat.strategy_init(self, _Extended(self, config, devices))
+        else:
+            with startup.join_within(startup_timeout, spec.jobs, spec.task_type,
+                                     spec.task_index):
+                _compat.strategy_init(self, _Extended(self, config, devices))
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access

@@ -1,0 +1,106 @@
+"""A bound on how long a worker waits for the rest of its TF_CONFIG cluster.
+
+TF's coordination service waits for every task named in TF_CONFIG before
+`Strategy()` returns, with no effective limit: a peer that crashed before it
+started its server, or was never scheduled, leaves the others waiting. During
+that wait the main thread is inside TF's C++ runtime, where no Python
+exception reaches it and which holds the GIL, so no Python thread of the
+process can act either. `join_within` therefore watches from a small child
+process (this file run as a script, standard library only): when the cluster
+has not come together in time it prints which workers' ports do not answer and
+ends the worker with SIGKILL.
+"""
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from typing import Iterator, List, Tuple
+
+DEFAULT_SECONDS = 600.0
+
+
+def validate(seconds) -> float:
+    """Checks the `startup_timeout` argument: a number of seconds > 0, or 0 to wait forever."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(
+            f"Argument `startup_timeout` must be a number of seconds >= 0 (0 waits forever); "
+            f"received {seconds!r}. Raise it when the workers of a job start far apart "
+            f"(default {DEFAULT_SECONDS:g}).")
+    return float(seconds)
+
+
+def peers(jobs, task_type: str, task_index: int) -> List[Tuple[str, int, str]]:
+    """(job, index, "host:port") of every task in `jobs` except this one."""
+    return [(job, i, address) for job, addresses in sorted(jobs.items())
+            for i, address in enumerate(addresses) if (job, i) != (task_type, task_index)]
+
+
+def silent(tasks, connect_seconds: float = 1.0) -> List[Tuple[str, int, str]]:
+    """The tasks whose address refuses or ignores a TCP connection."""
+    missing = []
+    for job, index, address in tasks:
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), connect_seconds):
+                pass
+        except (OSError, ValueError):
+            missing.append((job, index, address))
+    return missing
+
+
+def message(seconds: float, tasks, missing) -> str:
+    """What the watcher prints when the cluster did not come together in `seconds`."""
+    head = f"tfdist_ext.Strategy: the cluster did not come together within {seconds:g} s"
+    if missing:
+        names = ", ".join(f"{job} {index} ({address})" for job, index, address in missing)
+        return (f"{head}: no answer from {names}. Every task in TF_CONFIG must start; read "
+                "that worker's log, or raise `Strategy(startup_timeout=...)` when workers "
+                "start far apart.")
+    names = ", ".join(f"{job} {index}" for job, index, _ in tasks)
+    return (f"{head}: every peer's port answers ({names}) but not all of them joined; "
+            "check that every worker was given the same TF_CONFIG cluster.")
+
+
+@contextlib.contextmanager
+def join_within(seconds: float, jobs, task_type: str, task_index: int) -> Iterator[None]:
+    """Runs the body (the cluster join); kills this process if it outlasts `seconds`.
+
+    Args:
+        seconds: The bound; 0 waits forever.
+        jobs: TF_CONFIG's cluster: job name -> addresses.
+        task_type: This task's job.
+        task_index: This task's index in its job.
+    """
+    if not seconds:
+        yield
+        return
+    spec = {"seconds": seconds, "jobs": jobs, "task_type": task_type,
+            "task_index": task_index, "pid": os.getpid()}
+    watcher = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(spec)],
+        stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        watcher.stdin.close()  # end of file: the join is over, one way or the other
+        watcher.wait()
+
+
+def _watch(spec) -> None:
+    """The child's side: waits for end of file on stdin or the deadline."""
+    ended, _, _ = select.select([sys.stdin], [], [], spec["seconds"])
+    if ended:
+        return
+    tasks = peers(spec["jobs"], spec["task_type"], spec["task_index"])
+    sys.stderr.write(message(spec["seconds"], tasks, silent(tasks)) + "\n")
+    sys.stderr.flush()
+    os.kill(spec["pid"], signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _watch(json.loads(sys.argv[1]))
