@@ -23,6 +23,7 @@ def test_checkpoint_tensorboard_csv_and_backup_write_once(tmp_path):
     for got, want in zip(model.get_weights(), final):
         np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))
     assert len(list((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))) == 1
+    assert len(list((tmp_path / "logs" / "comm").glob("events.out.tfevents.*"))) == 1
     rows = (tmp_path / "log.csv").read_text().strip().splitlines()
     assert rows[0].startswith("epoch,loss") and len(rows) == 4, rows
     assert not (tmp_path / "backup").exists()  # the chief deleted it at the end

@@ -3,8 +3,9 @@
     python callback_checks.py OUT_DIR files
     python callback_checks.py OUT_DIR resume|preempt [CRASH_EPOCH] [OPTIONS_JSON]
 
-`files`: a 3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger and
-BackupAndRestore writing under OUT_DIR, as a user would write them.
+`files`: a 3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger,
+BackupAndRestore and tfdist_ext's CommunicationStats writing under OUT_DIR,
+as a user would write them.
 `resume`: a 4-epoch fit with BackupAndRestore(OUT_DIR/backup); with
 CRASH_EPOCH, worker 1 kills itself (SIGKILL) in the middle of that epoch (in
 the first attempt only, when `tfdist-run --max-restarts` starts it again);
@@ -56,6 +57,7 @@ def main(out_dir, mode, crash_epoch=None, options="{}"):
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs")),
             keras.callbacks.CSVLogger(os.path.join(out_dir, "log.csv")),
             keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")),
+            tfdist_ext.keras.CommunicationStats(os.path.join(out_dir, "logs", "comm")),
         ]
         epochs = 3
     else:
