@@ -109,6 +109,13 @@ def test_timeout_stops_the_job(tmp_path):
     (["-np", "two", "true"], "received 'two'"),
     (["-np", "2"], "no command given"),
     (["-np", "2", "--timeout", "-1", "true"], "argument --timeout: must be a number >= 0.001"),
+    (["true"], "the following arguments are required: -np/--num-workers (or -H localhost:N)"),
+    (["-H", "gpu-node-7:4", "true"], "argument -H/--hosts: host 'gpu-node-7' is not this "
+                                     "machine: tfdist-run starts workers here only"),
+    (["-H", "localhost:0", "true"], "'localhost:0' is not HOST:SLOTS with SLOTS >= 1"),
+    (["-np", "3", "-H", "localhost:2", "true"], "argument -np: 3 workers do not fit the 2 "
+                                                "slots of -H"),
+    (["-np", "2", "-H", "localhost", "true"], "2 workers do not fit the 1 slots of -H"),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -125,6 +132,16 @@ def test_worker_options_are_left_to_the_worker(capsys):
     assert code == 0
     assert "['--link', 'x', '--time', '--gr', '--timeout', '5', '-np', '3']" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["-H", "localhost:2"], ["-np", "2", "-H", "localhost:1,127.0.0.1:1"],
+                                  ["-np", "2", "-H", "localhost:3"]])
+def test_horovod_host_spelling_runs_local_workers(argv, capsys):
+    """`horovodrun -np 2 -H localhost:2 python train.py` becomes `tfdist-run` with the same options."""
+    program = "import json, os; print('index', json.loads(os.environ['TF_CONFIG'])['task']['index'])"
+    assert cli.main([*argv, sys.executable, "-c", program]) == 0
+    out = capsys.readouterr().out
+    assert "[0] index 0" in out and "[1] index 1" in out and "[2]" not in out
 
 
 def test_missing_program_is_reported(capsys):

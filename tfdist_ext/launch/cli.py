@@ -9,6 +9,7 @@ Examples:
 import argparse
 import re
 import signal
+import socket
 import sys
 
 from tfdist_ext.launch import netbed
@@ -34,6 +35,33 @@ def _rate(text):
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def _local_names():
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return names
+
+
+def _hosts(text):
+    """Horovod's -H spelling, this machine only: "localhost:4" -> 4 slots."""
+    slots = 0
+    for entry in text.split(","):
+        name, _, count = entry.strip().rpartition(":") if ":" in entry else (entry, "", "1")
+        name = name.strip()
+        if not count.strip().isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{entry!r} is not HOST:SLOTS with SLOTS >= 1 (as in localhost:4)")
+        if name not in _local_names():
+            raise argparse.ArgumentTypeError(
+                f"host {name!r} is not this machine: tfdist-run starts workers here only "
+                f"(use localhost:N). On several machines, start one worker per process "
+                f"with its TF_CONFIG (README, 'Several hosts').")
+        slots += int(count)
+    return slots
 
 
 def _delay(text):
@@ -79,9 +107,12 @@ def build_parser():
         description="Run N TensorFlow workers on this machine, each with its TF_CONFIG.",
         epilog="Exit code: the first non-zero worker exit code (128+N if killed by "
                "signal N), 124 on --timeout, 0 when every worker succeeded.")
-    parser.add_argument("-np", "--num-workers", dest="num_workers", required=True,
+    parser.add_argument("-np", "--num-workers", dest="num_workers", default=None,
                         type=_positive(int, 1), metavar="N",
                         help="number of worker processes (>= 1)")
+    parser.add_argument("-H", "--hosts", type=_hosts, default=None, metavar="localhost:N",
+                        help="Horovod's spelling, for this machine only: N slots; -np "
+                             "defaults to N and may not exceed it")
     parser.add_argument("--timeout", type=_positive(float, 0.001), default=None,
                         metavar="S", help="stop the whole job after S seconds (exit 124)")
     parser.add_argument("--grace", type=_positive(float, 0.0), default=3.0, metavar="S",
@@ -113,6 +144,15 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.num_workers is None and args.hosts is None:
+        parser.error("the following arguments are required: -np/--num-workers "
+                     "(or -H localhost:N)")
+    if args.num_workers is None:
+        args.num_workers = args.hosts
+    elif args.hosts is not None and args.num_workers > args.hosts:
+        parser.error(f"argument -np: {args.num_workers} workers do not fit the "
+                     f"{args.hosts} slots of -H; raise the slots (-H localhost:"
+                     f"{args.num_workers}) or lower -np")
     if args.link_latency is not None:
         parser.error(f"argument --link-latency: {netbed.LATENCY_UNSUPPORTED}.")
     if args.check and (args.link_bandwidth is None or args.num_workers < 2):
