@@ -333,19 +333,23 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         return self._cross_ops.first_rank // len(self.extended.worker_devices)
 
     def all_reduce_dense(self, reduce_op, value):
-        """All-reduces `value` (a tensor) from replica context: never compressed or counted.
+        """All-reduces `value` (a tensor or a nest of tensors) from replica context:
+        never compressed or counted.
 
-        For the strategy's own bookkeeping collectives (sample counts, stop
-        requests, overflow flags); `replica_context.all_reduce` would treat
-        them as gradients.
+        For bookkeeping collectives (sample counts, stop requests, overflow
+        flags, metrics); `replica_context.all_reduce` would treat them as
+        gradients.
         """
         cross_ops = self._cross_ops
 
-        def merge_fn(strategy, per_replica):
+        def merge_fn(strategy, *per_replica):
             with cross_ops.dense_reductions():
-                return strategy.extended.batch_reduce_to(reduce_op, [(per_replica, per_replica)])[0]
+                return strategy.extended.batch_reduce_to(
+                    reduce_op, [(v, v) for v in per_replica])
 
-        return tf.distribute.get_replica_context().merge_call(merge_fn, args=(value,))
+        flat = tf.nest.flatten(value)
+        reduced = tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(flat))
+        return tf.nest.pack_sequence_as(value, list(reduced))
 
     def exchange(self, name: str, value: str):
         """Every worker's `value`, in worker order, through the coordination service.

@@ -1,0 +1,132 @@
+"""Horovod's `DistributedGradientTape` and Keras `DistributedOptimizer` on tfdist_ext."""
+
+import tensorflow as tf
+
+from tfdist_ext.horovod import _runtime
+from tfdist_ext.horovod._runtime import Average, Compression, Sum
+
+
+def _check_common(op, compression, gradient_predivide_factor):
+    if op not in (Average, Sum):
+        raise ValueError(f"Argument `op` must be hvd.Average or hvd.Sum; received {op!r} "
+                         "(Adasum is not supported).")
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError(
+            f"Argument `compression` must be hvd.Compression.none or hvd.Compression.fp16; "
+            f"received {compression!r}. For tfdist_ext compressors (top-k, quantization, "
+            "error feedback) pass them to hvd.init(compression=...): they then apply to "
+            "every gradient.")
+    if gradient_predivide_factor != 1.0 and op is not Average:
+        raise ValueError("Argument `gradient_predivide_factor` needs op=hvd.Average "
+                         f"(received op={op!r}).")
+
+
+def reduce_gradients(grads, op=Average, compression=Compression.none,
+                     gradient_predivide_factor=1.0):
+    """All-reduces a list of gradients (None entries kept) on the gradient path."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present or _runtime.size() == 1:
+        return list(grads)
+    factor = gradient_predivide_factor
+    reduced = _runtime.grouped_allreduce(
+        [grads[i] for i in present], op=op, compression=compression,
+        prescale_factor=1.0 / factor, postscale_factor=factor, gradients=True)
+    out = list(grads)
+    for i, r in zip(present, reduced):
+        out[i] = r
+    return out
+
+
+class DistributedGradientTape:
+    """A `tf.GradientTape` whose `gradient` returns gradients all-reduced over processes.
+
+    Args:
+        gradtape: The tape to wrap.
+        device_dense, device_sparse: Accepted for compatibility; unused.
+        compression: `hvd.Compression.none` or `.fp16`.
+        sparse_as_dense: Accepted; `IndexedSlices` are always reduced dense.
+        op: `hvd.Average` (default) or `hvd.Sum`.
+        gradient_predivide_factor: Divide before the sum and multiply after
+            (Average only).
+        num_groups, groups: Accepted; the strategy's bucketing decides the
+            fusion (`hvd.init(bucketing=...)`).
+    """
+
+    def __init__(self, gradtape, device_dense="", device_sparse="",
+                 compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None):
+        del device_dense, device_sparse, sparse_as_dense, num_groups, groups
+        _check_common(op, compression, gradient_predivide_factor)
+        self._tape = gradtape
+        self._op, self._compression = op, compression
+        self._predivide = gradient_predivide_factor
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads, expand_composites=False)
+        reduced = reduce_gradients(flat, self._op, self._compression, self._predivide)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+
+def distributed_keras_optimizer(optimizer, name=None, compression=Compression.none,
+                                backward_passes_per_step=1,
+                                average_aggregated_gradients=False, sparse_as_dense=False,
+                                op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                groups=None, device_dense="", device_sparse=""):
+    """A copy of the Keras `optimizer` that all-reduces gradients before applying them.
+
+    Args:
+        optimizer: A Keras 3 optimizer (not yet built).
+        name: Optional name of the copy.
+        compression: `hvd.Compression.none` or `.fp16`.
+        backward_passes_per_step: Apply every k-th step, on gradients
+            accumulated locally over k steps (Keras'
+            `gradient_accumulation_steps`).
+        average_aggregated_gradients: With k > 1, apply the mean of the k
+            gradients (True) or their sum (False, Horovod's default).
+        op: `hvd.Average` (default) or `hvd.Sum`.
+        gradient_predivide_factor: As in `DistributedGradientTape`.
+        sparse_as_dense, num_groups, groups, device_dense, device_sparse:
+            Accepted for compatibility.
+
+    Returns:
+        An optimizer of a subclass of `optimizer`'s class, with its config.
+    """
+    del sparse_as_dense, num_groups, groups, device_dense, device_sparse
+    _check_common(op, compression, gradient_predivide_factor)
+    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1):
+        raise ValueError("Argument `backward_passes_per_step` must be an integer >= 1; "
+                         f"received {backward_passes_per_step!r}.")
+    config = optimizer.get_config()
+    if backward_passes_per_step > 1:
+        if config.get("gradient_accumulation_steps"):
+            raise ValueError("Argument `backward_passes_per_step`: the optimizer already "
+                             "accumulates (gradient_accumulation_steps="
+                             f"{config['gradient_accumulation_steps']}); set one of them.")
+        config["gradient_accumulation_steps"] = backward_passes_per_step
+    if name:
+        config["name"] = name
+    # Keras averages the k accumulated gradients; Horovod's default sums them.
+    scale = 1.0 if average_aggregated_gradients else float(backward_passes_per_step)
+    base = type(optimizer)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = reduce_gradients(list(grads), op, compression, gradient_predivide_factor)
+        if scale != 1.0:
+            grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__,
+                                        "_tfdist_horovod": True})
+    return cls.from_config(config)
