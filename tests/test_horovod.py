@@ -63,5 +63,7 @@ def test_calls_before_init_and_unsupported_options_say_what_to_do():
     with pytest.raises(ValueError, match=r"Argument `op` must be hvd.Average or hvd.Sum; "
                                          r"received hvd.Adasum"):
         _gradients.DistributedGradientTape(None, op=_runtime.Adasum)
-    with pytest.raises(ValueError, match=r"pass them to hvd.init\(compression=...\)"):
-        _gradients.distributed_keras_optimizer(None, compression="topk")
+    with pytest.raises(ValueError, match=r"Argument `compression` must be hvd.Compression.none, "
+                                         r"hvd.Compression.fp16 or a tfdist_ext compressor .*"
+                                         r"received 'top-k'"):
+        _gradients.distributed_keras_optimizer(None, compression="top-k")

@@ -10,7 +10,9 @@ and `grouped_allreduce` (`hvd.Average`, `hvd.Sum`, prescale/postscale,
 `hvd.Compression.none/fp16`), `allgather` (first dimensions may differ),
 `broadcast`, `broadcast_variables`, `alltoall`; `DistributedGradientTape`;
 `DistributedOptimizer` for Keras 3 optimizers (`backward_passes_per_step`,
-`average_aggregated_gradients`, `gradient_predivide_factor`); `hvd.callbacks`
+`average_aggregated_gradients`, `gradient_predivide_factor`; `compression`
+also takes tfdist_ext compressors such as `tfdist_ext.compression.TopK(0.01)`,
+with error feedback); `hvd.callbacks`
 with `BroadcastGlobalVariablesCallback`, `MetricAverageCallback`,
 `LearningRateWarmupCallback` and `LearningRateScheduleCallback`.
 

@@ -7,30 +7,35 @@ from tfdist_ext.horovod._runtime import Average, Compression, Sum
 
 
 def _check_common(op, compression, gradient_predivide_factor):
+    """Validates the shared options; returns (Horovod compression, tfdist_ext strategy)."""
     if op not in (Average, Sum):
         raise ValueError(f"Argument `op` must be hvd.Average or hvd.Sum; received {op!r} "
                          "(Adasum is not supported).")
-    if compression not in (Compression.none, Compression.fp16):
-        raise ValueError(
-            f"Argument `compression` must be hvd.Compression.none or hvd.Compression.fp16; "
-            f"received {compression!r}. For tfdist_ext compressors (top-k, quantization, "
-            "error feedback) pass them to hvd.init(compression=...): they then apply to "
-            "every gradient.")
     if gradient_predivide_factor != 1.0 and op is not Average:
         raise ValueError("Argument `gradient_predivide_factor` needs op=hvd.Average "
                          f"(received op={op!r}).")
+    if compression in (Compression.none, Compression.fp16):
+        return compression, None
+    try:
+        return Compression.none, _runtime.strategy(compression)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"Argument `compression` must be hvd.Compression.none, hvd.Compression.fp16 or a "
+            f"tfdist_ext compressor (a name, dict or tfdist_ext.compression.Compressor); "
+            f"received {compression!r}: {err}") from err
 
 
 def reduce_gradients(grads, op=Average, compression=Compression.none,
-                     gradient_predivide_factor=1.0):
-    """All-reduces a list of gradients (None entries kept) on the gradient path."""
+                     gradient_predivide_factor=1.0, dist=None):
+    """All-reduces a list of gradients (None entries kept) on the gradient path of
+    `dist` (default: the strategy `hvd.init()` made)."""
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present or _runtime.size() == 1:
         return list(grads)
     factor = gradient_predivide_factor
     reduced = _runtime.grouped_allreduce(
         [grads[i] for i in present], op=op, compression=compression,
-        prescale_factor=1.0 / factor, postscale_factor=factor, gradients=True)
+        prescale_factor=1.0 / factor, postscale_factor=factor, gradients=True, dist=dist)
     out = list(grads)
     for i, r in zip(present, reduced):
         out[i] = r
@@ -43,7 +48,9 @@ class DistributedGradientTape:
     Args:
         gradtape: The tape to wrap.
         device_dense, device_sparse: Accepted for compatibility; unused.
-        compression: `hvd.Compression.none` or `.fp16`.
+        compression: `hvd.Compression.none`, `.fp16`, or a tfdist_ext
+            compressor (e.g. `tfdist_ext.compression.TopK(0.01)`, with error
+            feedback).
         sparse_as_dense: Accepted; `IndexedSlices` are always reduced dense.
         op: `hvd.Average` (default) or `hvd.Sum`.
         gradient_predivide_factor: Divide before the sum and multiply after
@@ -56,15 +63,16 @@ class DistributedGradientTape:
                  compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None):
         del device_dense, device_sparse, sparse_as_dense, num_groups, groups
-        _check_common(op, compression, gradient_predivide_factor)
+        compression, dist = _check_common(op, compression, gradient_predivide_factor)
         self._tape = gradtape
-        self._op, self._compression = op, compression
+        self._op, self._compression, self._dist = op, compression, dist
         self._predivide = gradient_predivide_factor
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        reduced = reduce_gradients(flat, self._op, self._compression, self._predivide)
+        reduced = reduce_gradients(flat, self._op, self._compression, self._predivide,
+                                   self._dist)
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def __getattr__(self, name):
@@ -88,7 +96,8 @@ def distributed_keras_optimizer(optimizer, name=None, compression=Compression.no
     Args:
         optimizer: A Keras 3 optimizer (not yet built).
         name: Optional name of the copy.
-        compression: `hvd.Compression.none` or `.fp16`.
+        compression: `hvd.Compression.none`, `.fp16`, or a tfdist_ext
+            compressor.
         backward_passes_per_step: Apply every k-th step, on gradients
             accumulated locally over k steps (Keras'
             `gradient_accumulation_steps`).
@@ -103,7 +112,7 @@ def distributed_keras_optimizer(optimizer, name=None, compression=Compression.no
         An optimizer of a subclass of `optimizer`'s class, with its config.
     """
     del sparse_as_dense, num_groups, groups, device_dense, device_sparse
-    _check_common(op, compression, gradient_predivide_factor)
+    compression, dist = _check_common(op, compression, gradient_predivide_factor)
     if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
             or backward_passes_per_step < 1):
         raise ValueError("Argument `backward_passes_per_step` must be an integer >= 1; "
@@ -122,7 +131,7 @@ def distributed_keras_optimizer(optimizer, name=None, compression=Compression.no
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
-        grads = reduce_gradients(list(grads), op, compression, gradient_predivide_factor)
+        grads = reduce_gradients(list(grads), op, compression, gradient_predivide_factor, dist)
         if scale != 1.0:
             grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
         return base.apply(self, grads, trainable_variables)

@@ -100,6 +100,7 @@ class _State:
         self.topology: Optional[Dict[str, int]] = None  # set by init()
         self.strategy_options: Dict = {}
         self.strategy = None
+        self.by_compression: Dict[str, object] = {}
         self.lock = threading.Lock()
 
 
@@ -220,10 +221,30 @@ def nccl_built() -> bool:
     return False
 
 
-def strategy():
-    """The `tfdist_ext.Strategy` behind the collectives."""
+def strategy(compression=None):
+    """The `tfdist_ext.Strategy` behind the collectives.
+
+    Args:
+        compression: None for the one `init()` made; a tfdist_ext compressor
+            (name, dict or `Compressor`) for one that differs from it only in
+            its compressor, made on first use (every process must ask for the
+            same compressors in the same order, as they do when they build the
+            same optimizers).
+    """
+    if compression is None:
+        _info("size")
+        return _STATE.strategy
+    from tfdist_ext import compression as compressors  # pylint: disable=import-outside-toplevel
+    key = repr(compressors.get(compression))
     _info("size")
-    return _STATE.strategy
+    with _STATE.lock:
+        if key not in _STATE.by_compression:
+            from tfdist_ext.strategy import Strategy  # pylint: disable=import-outside-toplevel
+            options = dict(_STATE.strategy_options, compression=compression)
+            if cluster.cluster_from_env() is None:
+                options["num_replicas"] = 1
+            _STATE.by_compression[key] = Strategy(**options)
+        return _STATE.by_compression[key]
 
 
 class _QuietEagerRun(logging.Filter):
@@ -249,9 +270,9 @@ def _quiet():
         _FILTER.local.active = False
 
 
-def _run(fn, values):
-    """Runs `fn(*values)` in the strategy's (one) replica context."""
-    dist = strategy()
+def _run(fn, values, dist=None):
+    """Runs `fn(*values)` in the (one) replica context of `dist` (default: init's)."""
+    dist = dist or strategy()
     with _quiet():
         return dist.run(lambda *v: fn(dist, [tf.identity(x) for x in v]), args=tuple(values))
 
@@ -276,7 +297,8 @@ def _dense(tensor):
 
 
 def grouped_allreduce(tensors, average=None, op=None, compression=Compression.none,
-                      prescale_factor=1.0, postscale_factor=1.0, gradients=False):
+                      prescale_factor=1.0, postscale_factor=1.0, gradients=False,
+                      dist=None):
     """All-reduces a list of tensors in one fused collective; returns the list.
 
     Args:
@@ -288,6 +310,7 @@ def grouped_allreduce(tensors, average=None, op=None, compression=Compression.no
         postscale_factor: Multiplies each result.
         gradients: Send through the strategy's gradient path (its compressor
             and bucketing); used by the distributed optimizers.
+        dist: The `tfdist_ext.Strategy` to use (default: `strategy()`).
     """
     if average is not None:
         op = Average if average else Sum
@@ -311,7 +334,7 @@ def grouped_allreduce(tensors, average=None, op=None, compression=Compression.no
             return tf.distribute.get_replica_context().all_reduce(op_for_wire, values)
         return dist.all_reduce_dense(op_for_wire, values)
 
-    reduced = _run(fn, wire) if wire else []
+    reduced = _run(fn, wire, dist) if wire else []
     out = []
     for r, (_, ctx), b, is_int in zip(reduced, packed, bools, integer):
         if b:
