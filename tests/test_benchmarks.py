@@ -55,3 +55,16 @@ def test_compression_accuracy_benchmark_tiny(tmp_path):
     assert summary["dense"]["compression_ratio"] == 1.0
     assert summary["topk_dgc"]["compression_ratio"] > 20
     assert 0 < summary["topk_dgc"]["accuracy_mean"] <= 1
+
+
+def test_warmup_benchmark_tiny(tmp_path):
+    out = tmp_path / "w.json"
+    stdout = _run("warmup.py", "--replicas", "2", "--seeds", "0", "--epochs", "2", "--k", "4",
+                  "--configs", "large_scaled,large_scaled_warmup", "--warmup-epochs", "1",
+                  "--json", str(out), "--png", str(tmp_path / "w.png"))
+    assert "large_scaled_warmup" in stdout
+    data = json.loads(out.read_text())
+    assert set(data["summary"]) == {"large_scaled", "large_scaled_warmup"}
+    assert data["summary"]["large_scaled"]["lr"] == pytest.approx(0.2)  # 0.05 x 4
+    assert [len(run["test_accuracy"]) for run in data["runs"]] == [2, 2]
+    assert (tmp_path / "w.png").stat().st_size > 0
