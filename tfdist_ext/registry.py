@@ -121,3 +121,17 @@ def positive_int(option: str, value: Any, minimum: int = 1) -> int:
             f"{value!r}."
         )
     return value
+
+
+def seconds(option: str, value: Any, advice: str = "") -> float:
+    """Validates a duration option: a number of seconds >= 0 (0 waits forever).
+
+    Raises:
+        ValueError: naming `option`, the value received and what is allowed,
+            followed by `advice`.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(
+            f"Argument `{option}` must be a number of seconds >= 0 (0 waits forever); "
+            f"received {value!r}." + (f" {advice}" if advice else ""))
+    return float(value)

@@ -30,7 +30,7 @@ from tfdist_ext.collectives import engines
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import positive_int, seconds
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
@@ -180,7 +180,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
                  startup_timeout: float = startup.DEFAULT_SECONDS):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
-        startup_timeout = startup.validate(startup_timeout)
+        startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         spec = cluster.cluster_from_env()
         devices = None
         if num_replicas is not None:

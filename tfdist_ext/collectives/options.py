@@ -15,7 +15,7 @@ import math
 import re
 from typing import Optional, Tuple
 
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import positive_int, seconds
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _BOUND = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
@@ -135,12 +135,7 @@ class AllReduce:
                 raise ValueError("Argument `candidates` lists the algorithms 'auto' chooses "
                                  "from; it cannot contain 'auto' itself.")
             _check_algorithm(name, "candidates")
-        if (isinstance(self.timeout_seconds, bool)
-                or not isinstance(self.timeout_seconds, (int, float))
-                or not self.timeout_seconds >= 0):
-            raise ValueError(
-                f"Argument `timeout_seconds` must be a number of seconds >= 0 (0 waits "
-                f"forever); received {self.timeout_seconds!r}.")
+        seconds("timeout_seconds", self.timeout_seconds)
         for flag in ("calibrate", "refine"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Argument `{flag}` must be True or False; received "

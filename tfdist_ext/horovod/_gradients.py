@@ -3,14 +3,13 @@
 import tensorflow as tf
 
 from tfdist_ext.horovod import _runtime
-from tfdist_ext.horovod._runtime import Average, Compression, Sum
+from tfdist_ext.horovod._runtime import Average, Compression
+from tfdist_ext.registry import positive_int
 
 
 def _check_common(op, compression, gradient_predivide_factor):
     """Validates the shared options; returns (Horovod compression, tfdist_ext strategy)."""
-    if op not in (Average, Sum):
-        raise ValueError(f"Argument `op` must be hvd.Average or hvd.Sum; received {op!r} "
-                         "(Adasum is not supported).")
+    _runtime.reduce_op(op)
     if gradient_predivide_factor != 1.0 and op is not Average:
         raise ValueError("Argument `gradient_predivide_factor` needs op=hvd.Average "
                          f"(received op={op!r}).")
@@ -113,10 +112,7 @@ def distributed_keras_optimizer(optimizer, name=None, compression=Compression.no
     """
     del sparse_as_dense, num_groups, groups, device_dense, device_sparse
     compression, dist = _check_common(op, compression, gradient_predivide_factor)
-    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
-            or backward_passes_per_step < 1):
-        raise ValueError("Argument `backward_passes_per_step` must be an integer >= 1; "
-                         f"received {backward_passes_per_step!r}.")
+    positive_int("backward_passes_per_step", backward_passes_per_step)
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps"):

@@ -277,12 +277,13 @@ def _run(fn, values, dist=None):
         return dist.run(lambda *v: fn(dist, [tf.identity(x) for x in v]), args=tuple(values))
 
 
-def _reduce_op(op, name="op"):
+def reduce_op(op):
+    """The `tf.distribute.ReduceOp` for a Horovod op (None means Average)."""
     if op is None or op is Average:
         return tf.distribute.ReduceOp.MEAN
     if op is Sum:
         return tf.distribute.ReduceOp.SUM
-    raise ValueError(f"Argument `{name}` must be hvd.Average or hvd.Sum; received {op!r} "
+    raise ValueError(f"Argument `op` must be hvd.Average or hvd.Sum; received {op!r} "
                      "(Adasum is not supported).")
 
 
@@ -314,7 +315,7 @@ def grouped_allreduce(tensors, average=None, op=None, compression=Compression.no
     """
     if average is not None:
         op = Average if average else Sum
-    reduce_op = _reduce_op(op)
+    wanted = reduce_op(op)
     tensors = [_dense(t) for t in tensors]
     for t in tensors:
         _check_dtype(t, "hvd.allreduce")
@@ -325,7 +326,7 @@ def grouped_allreduce(tensors, average=None, op=None, compression=Compression.no
     wire = [tf.cast(t, tf.int32) if b else t for (t, _), b in zip(packed, bools)]
     # Integer tensors cannot be averaged in place: sum, then divide like Horovod.
     integer = [not t.dtype.is_floating and not t.dtype.is_complex for t in wire]
-    op_for_wire = tf.distribute.ReduceOp.SUM if any(integer) else reduce_op
+    op_for_wire = tf.distribute.ReduceOp.SUM if any(integer) else wanted
 
     def fn(dist, values):
         if not values:
@@ -340,7 +341,7 @@ def grouped_allreduce(tensors, average=None, op=None, compression=Compression.no
         if b:
             r = tf.cast(r, tf.bool)
         r = compression.decompress(r, ctx)
-        if op_for_wire != reduce_op:
+        if op_for_wire != wanted:
             r = (tf.truncatediv(r, tf.cast(size(), r.dtype)) if is_int
                      else r / tf.cast(size(), r.dtype))
         if postscale_factor != 1.0:
