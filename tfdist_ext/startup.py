@@ -61,22 +61,22 @@ def message(seconds: float, tasks, missing) -> str:
 
 
 @contextlib.contextmanager
-def join_within(seconds: float, jobs, task_type: str, task_index: int) -> Iterator[None]:
+def join_within(seconds: float, spec) -> Iterator[None]:
     """Runs the body (the cluster join); kills this process if it outlasts `seconds`.
 
     Args:
         seconds: The bound; 0 waits forever.
-        jobs: TF_CONFIG's cluster: job name -> addresses.
-        task_type: This task's job.
-        task_index: This task's index in its job.
+        spec: The validated TF_CONFIG (`tfdist_ext.cluster.ClusterSpec`), or
+            None without one; with None or a single worker there is nobody
+            to wait for and the body runs unwatched.
     """
-    if not seconds:
+    if not seconds or spec is None or spec.num_workers < 2:
         yield
         return
-    spec = {"seconds": seconds, "jobs": jobs, "task_type": task_type,
-            "task_index": task_index, "pid": os.getpid()}
+    watch = {"seconds": seconds, "jobs": spec.jobs, "task_type": spec.task_type,
+             "task_index": spec.task_index, "pid": os.getpid()}
     watcher = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(spec)],
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(watch)],
         stdin=subprocess.PIPE)
     try:
         yield

@@ -194,12 +194,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             devices = cluster.local_devices(num_replicas)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
-        if spec is None or spec.num_workers < 2:
+        with startup.join_within(startup_timeout, spec):
             _compat.strategy_init(self, _Extended(self, config, devices))
-        else:
-            with startup.join_within(startup_timeout, spec.jobs, spec.task_type,
-                                     spec.task_index):
-                _compat.strategy_init(self, _Extended(self, config, devices))
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
