@@ -4,8 +4,7 @@ and single-process Keras, and Horovod-style scripts run under tfdist-run."""
 import pytest
 
 from conftest import ROOT, launch
-from tfdist_ext.horovod import _runtime
-from tfdist_ext.horovod import _gradients
+from tfdist_ext.horovod import _collectives, _gradients, _runtime
 
 CHECKS = ROOT / "tests" / "workers" / "horovod_checks.py"
 SCRIPTS = ROOT / "tests" / "workers" / "horovod_scripts"
@@ -62,7 +61,7 @@ def test_calls_before_init_and_unsupported_options_say_what_to_do():
         _runtime.init(sync="local_sgd")
     with pytest.raises(ValueError, match=r"Argument `op` must be hvd.Average or hvd.Sum; "
                                          r"received hvd.Adasum"):
-        _gradients.DistributedGradientTape(None, op=_runtime.Adasum)
+        _gradients.DistributedGradientTape(None, op=_collectives.Adasum)
     with pytest.raises(ValueError, match=r"Argument `compression` must be hvd.Compression.none, "
                                          r"hvd.Compression.fp16 or a tfdist_ext compressor .*"
                                          r"received 'top-k'"):

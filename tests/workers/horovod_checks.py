@@ -52,6 +52,10 @@ def check_api():
     np.testing.assert_allclose(
         hvd_tf.allreduce(tf.constant(mine), op=hvd_tf.Sum, prescale_factor=2.0,
                          postscale_factor=0.5).numpy(), every.sum(0), rtol=1e-6)
+    # Booleans: Sum is "any", Average (sum, truncating division) is "all".
+    flags = tf.constant([True, rank == 0, False])
+    assert hvd_tf.allreduce(flags, op=hvd_tf.Sum).numpy().tolist() == [True, True, False]
+    assert hvd_tf.allreduce(flags).numpy().tolist() == [True, size == 1, False]
     grouped = hvd_tf.grouped_allreduce([tf.constant(mine), tf.constant([rank, 1])], op=hvd_tf.Sum)
     np.testing.assert_allclose(grouped[0].numpy(), every.sum(0), rtol=1e-6)
     assert grouped[1].numpy().tolist() == [sum(range(size)), size]

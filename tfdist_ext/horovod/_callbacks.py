@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext.horovod import _runtime
+from tfdist_ext.horovod import _collectives, _runtime
 from tfdist_ext.keras.warmup import LearningRateWarmup
 
 log = logging.getLogger("tfdist_ext")
@@ -23,9 +23,10 @@ def _model_and_optimizer_variables(model):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Makes every process start from `root_rank`'s model and optimizer variables.
 
-    Broadcasts at the end of the first batch (the optimizer's variables exist
-    by then), as Horovod; the first step's update is then replaced by the
-    root's on every process.
+    Broadcasts the model's variables when training begins and, as Horovod,
+    the model's and the optimizer's at the end of the first batch (the
+    optimizer's variables exist by then), so every process continues from
+    the root's first step.
 
     Args:
         root_rank: The process whose values win.
@@ -40,12 +41,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if not self.broadcast_done:
-            _runtime.broadcast_variables(self.model.variables, self.root_rank)
+            _collectives.broadcast_variables(self.model.variables, self.root_rank)
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        _runtime.broadcast_variables(_model_and_optimizer_variables(self.model), self.root_rank)
+        _collectives.broadcast_variables(_model_and_optimizer_variables(self.model), self.root_rank)
         self.broadcast_done = True
 
 
@@ -61,7 +62,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         values = [tf.constant(float(logs[k]), tf.float64) for k in names]
-        for name, value in zip(names, _runtime.grouped_allreduce(values)):
+        for name, value in zip(names, _collectives.grouped_allreduce(values)):
             logs[name] = float(value.numpy())
 
 

@@ -2,14 +2,14 @@
 
 import tensorflow as tf
 
-from tfdist_ext.horovod import _runtime
-from tfdist_ext.horovod._runtime import Average, Compression
+from tfdist_ext.horovod import _collectives, _runtime
+from tfdist_ext.horovod._collectives import Average, Compression
 from tfdist_ext.registry import positive_int
 
 
 def _check_common(op, compression, gradient_predivide_factor):
     """Validates the shared options; returns (Horovod compression, tfdist_ext strategy)."""
-    _runtime.reduce_op(op)
+    _collectives.reduce_op(op)
     if gradient_predivide_factor != 1.0 and op is not Average:
         raise ValueError("Argument `gradient_predivide_factor` needs op=hvd.Average "
                          f"(received op={op!r}).")
@@ -32,7 +32,7 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
     if not present or _runtime.size() == 1:
         return list(grads)
     factor = gradient_predivide_factor
-    reduced = _runtime.grouped_allreduce(
+    reduced = _collectives.grouped_allreduce(
         [grads[i] for i in present], op=op, compression=compression,
         prescale_factor=1.0 / factor, postscale_factor=factor, gradients=True, dist=dist)
     out = list(grads)
