@@ -43,8 +43,7 @@ from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import auto, cost, fusion
 from tfdist_ext.collectives import engine as engine_lib
 from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.compression import NoCompression, transport
-from tfdist_ext.compression.base import FLOAT_DTYPES
+from tfdist_ext.compression import Bucket, Communicator, NoCompression, hooks
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
@@ -244,10 +243,10 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             counts = [0, 0]  # bytes sent, dense bytes (replica 0 counts)
             buffers = iter(range(len(fused)))
 
-            def reduce_flat(buffer):
+            def reduce_flat(buffer, shapes):
                 if not gradients:
                     return self._reduce_buffer(buffer, replica_id, options)
-                return self._reduce_gradient_buffer(buffer, replica_id, options, step,
+                return self._reduce_gradient_buffer(buffer, shapes, replica_id, options, step,
                                                     f"b{next(buffers)}", counts)
 
             tensors = [flat[i] for i in fused]
@@ -292,36 +291,30 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
-    def _reduce_gradient_buffer(self, buffer, replica_id, options, step, key, counts):
-        """A gradient buffer: compressed if configured, and counted."""
+    def _reduce_gradient_buffer(self, buffer, shapes, replica_id, options, step, bucket_name,
+                                counts):
+        """A gradient buffer: compressed if configured (`compression.hooks`), and counted."""
         compressor = self.config.compression
         n, dtype = buffer.shape.num_elements(), buffer.dtype
-        bucket_name, key = key, f"{key}_{dtype.name}_{n}"
-        uncompressed = isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES
+        dense_only = not hooks.compresses(compressor, buffer)
         algorithm = self.select_algorithm(n * dtype.size, dtype.size,
-                                          refine=uncompressed or compressor.warmup_steps > 0)
-        dense = self._wire_bytes(algorithm, n, dtype.size, replica_id)
-        counts[1] += dense
-        if uncompressed:
-            sent = dense
-        elif compressor.reducible:
-            sent = 0
-            for spec in compressor.payload_spec(n, dtype):
-                length = spec.shape.num_elements()
-                algorithm = self.select_algorithm(length * spec.dtype.size, spec.dtype.size)
-                sent += self._wire_bytes(algorithm, length, spec.dtype.size, replica_id)
-        else:
-            sent = transport.wire_bytes_gather(compressor.payload_bytes(n, dtype),
-                                               self._group_size)
-        if sent != dense and compressor.warmup_steps:  # dense during warm-up steps
-            sent = tf.where(step < compressor.warmup_steps, tf.constant(dense, tf.int64),
-                            tf.constant(sent, tf.int64))
-        counts[0] += sent
-        return transport.reduce_buffer(
-            buffer, compressor, state=self.state, key=key, replica=replica_id,
-            rank=self.first_rank + replica_id, world_size=self._group_size, step=step,
+                                          refine=dense_only or compressor.warmup_steps > 0)
+        counts[1] += self._wire_bytes(algorithm, n, dtype.size, replica_id)
+
+        def reduce_bytes(length, wire_dtype):
+            chosen = self.select_algorithm(length * wire_dtype.size, wire_dtype.size)
+            return self._wire_bytes(chosen, length, wire_dtype.size, replica_id)
+
+        comm = Communicator(
             all_reduce=lambda t: self._reduce_buffer(t, replica_id, options, bucket_name),
-            all_gather=lambda t: self._gather_in_scope(t, replica_id, options, bucket_name))
+            all_gather=lambda t: self._gather_in_scope(t, replica_id, options, bucket_name),
+            reduce_bytes=reduce_bytes, world_size=self._group_size,
+            rank=self.first_rank + replica_id)
+        bucket = Bucket(flat=buffer, shapes=tuple(shapes), key=f"{bucket_name}_{dtype.name}_{n}",
+                        replica=replica_id, step=step)
+        summed, sent = hooks.reduce_bucket(compressor, bucket, comm, self.state)
+        counts[0] += sent
+        return summed
 
     def _gather_in_scope(self, tensor, replica_id, options, bucket):
         with tf.name_scope(f"tfdist/allgather/{bucket}/"):

@@ -1,9 +1,10 @@
 """What a strategy remembers between steps, as tracked variables.
 
 Per replica: a step counter (seeds and warm-up follow it) and the
-error-feedback residual of every compressed buffer (and, with DGC momentum
-correction, its velocity, under the key `<buffer>_velocity`); per worker: byte
-counters.
+per-bucket state of compression: the error-feedback residual of every
+compressed buffer (and, with DGC momentum correction, its velocity, under the
+key `<buffer>_velocity`; PowerSGD's Q under `<buffer>_powersgd_q`); per
+worker: byte counters.
 `Strategy.state` is a `tf.Module`, so a `tf.train.Checkpoint(model=model,
 optimizer=optimizer, tfdist=strategy.state)` saves and restores all of it
 (residuals created after `restore()` are filled in eagerly by TF's deferred
@@ -46,13 +47,26 @@ class StrategyState(tf.Module):
 
     def residual(self, key, replica, num_elements, dtype):
         """The residual variable of buffer `key` on `replica` (created zero on first use)."""
+        return self.buffer(key, replica, num_elements, dtype)
+
+    def buffer(self, key, replica, num_elements, dtype, initial=None):
+        """A per-replica 1-D variable of bucket state `key` (created on first use).
+
+        Args:
+            key: Stable name (the same every step and on every worker).
+            replica: Local replica index.
+            num_elements: Its length.
+            dtype: Its dtype.
+            initial: Optional ``fn() -> [num_elements] tensor``, the initial
+                value of every replica's variable (zeros if None).
+        """
         if key not in self.residuals:
             variables = []
             for i, device in enumerate(self._devices):
                 with _compat.init_scope(), tf.device(device):
+                    value = tf.zeros([num_elements], dtype) if initial is None else initial()
                     variables.append(_compat.ResourceVariable(
-                        tf.zeros([num_elements], dtype), trainable=False,
-                        name=f"residual_{key}_{i}"))
+                        value, trainable=False, name=f"residual_{key}_{i}"))
             with _compat.init_scope():  # a pending checkpoint restores them eagerly
                 self.residuals[key] = variables
         return self.residuals[key][replica]

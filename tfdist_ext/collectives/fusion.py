@@ -20,9 +20,11 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
     Args:
         tensors: Dense tensors with static shapes (any dtypes), in variable
             (forward) order; their reverse is the order backprop produces them.
-        reduce_flat: ``reduce_flat(flat_1d_tensor) -> reduced tensor`` of the
-            same length and dtype; called once per pack, in the same order on
-            every replica (the packing depends only on shapes and dtypes).
+        reduce_flat: ``reduce_flat(flat_1d_tensor, shapes) -> reduced tensor``
+            of the same length and dtype, where `shapes` are the static shapes
+            of the tensors concatenated in the buffer, in order; called once
+            per pack, in the same order on every replica (the packing depends
+            only on shapes and dtypes).
         bytes_per_pack: As `tf.distribute.experimental.CommunicationOptions`
             (used when `plan` is None).
         plan: Optional ``plan(sizes_in_bytes, itemsize) -> buckets`` (a
@@ -43,8 +45,9 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
             sizes = [tensors[i].shape.num_elements() * dtype.size for i in backward]
             packs = [[backward[p] for p in bucket] for bucket in plan(sizes, dtype.size)]
         for pack in packs:
-            reduced = reduce_flat(_concat([tensors[i] for i in pack]))
-            for i, piece in zip(pack, _split(reduced, [tensors[i].shape for i in pack])):
+            shapes = [tensors[i].shape for i in pack]
+            reduced = reduce_flat(_concat([tensors[i] for i in pack]), shapes)
+            for i, piece in zip(pack, _split(reduced, shapes)):
                 results[i] = piece
     return results
 

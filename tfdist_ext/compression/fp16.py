@@ -4,10 +4,11 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfdist_ext.compression.base import COMPRESSORS, Compressor
+from tfdist_ext.compression.base import COMPRESSORS
+from tfdist_ext.compression.payload import PayloadCompressor
 
 
-class CastCompressor(Compressor):
+class CastCompressor(PayloadCompressor):
     """Sends the buffer cast to `wire_dtype`; payloads are summed by all-reduce.
 
     Decompression casts back to the buffer's dtype, so the error is the cast's

@@ -5,12 +5,13 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor
+from tfdist_ext.compression.base import COMPRESSORS
+from tfdist_ext.compression.payload import PayloadCompressor
 
 
 @COMPRESSORS.register("int8")
 @dataclasses.dataclass(frozen=True)
-class Int8(Compressor):
+class Int8(PayloadCompressor):
     """Rounds each element to one of 256 levels between the buffer's min and max.
 
     4x smaller than float32; the error is at most (max - min) / 510 per element

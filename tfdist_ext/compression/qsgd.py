@@ -5,14 +5,15 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor, check_int
+from tfdist_ext.compression.base import COMPRESSORS, check_int
+from tfdist_ext.compression.payload import PayloadCompressor
 from tfdist_ext.ops._checks import QSGD_NORMS
 from tfdist_ext.ops.compression import MAX_QSGD_LEVELS, qsgd_num_buckets
 
 
 @COMPRESSORS.register("qsgd")
 @dataclasses.dataclass(frozen=True)
-class QSGD(Compressor):
+class QSGD(PayloadCompressor):
     """Quantizes |x_i| / norm(bucket) stochastically to `levels` levels (unbiased).
 
     Alistarh et al., "QSGD: Communication-Efficient SGD via Gradient

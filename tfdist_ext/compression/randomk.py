@@ -5,7 +5,8 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, RatioCompressor, accumulation_dtype
+from tfdist_ext.compression.base import COMPRESSORS, accumulation_dtype
+from tfdist_ext.compression.payload import RatioCompressor
 
 
 @COMPRESSORS.register("randomk")

@@ -5,12 +5,13 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor
+from tfdist_ext.compression.base import COMPRESSORS
+from tfdist_ext.compression.payload import PayloadCompressor
 
 
 @COMPRESSORS.register("sign")
 @dataclasses.dataclass(frozen=True)
-class Sign(Compressor):
+class Sign(PayloadCompressor):
     """Sends sign(x_i) and one scale, mean |x| (keeps the L1 norm).
 
     Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient

@@ -5,12 +5,13 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, Compressor
+from tfdist_ext.compression.base import COMPRESSORS
+from tfdist_ext.compression.payload import PayloadCompressor
 
 
 @COMPRESSORS.register("terngrad")
 @dataclasses.dataclass(frozen=True)
-class TernGrad(Compressor):
+class TernGrad(PayloadCompressor):
     """Sends sign(x_i) * max|x| with probability |x_i| / max|x|, else 0.
 
     Wen et al., "TernGrad: Ternary Gradients to Reduce Communication in

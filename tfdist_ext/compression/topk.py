@@ -5,7 +5,8 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import ops
-from tfdist_ext.compression.base import COMPRESSORS, RatioCompressor, check_ratio
+from tfdist_ext.compression.base import COMPRESSORS, check_ratio
+from tfdist_ext.compression.payload import RatioCompressor
 
 
 class SparseCompressor(RatioCompressor):

@@ -1,4 +1,4 @@
-"""Moving one compressed buffer: compress, communicate, decompress (with error feedback).
+"""The payload compressors' reduction hook: compress, communicate, decompress.
 
     reducible (fp16, bf16, random-k):   payload --all-reduce (the configured algorithm)--> decompress
     others (top-k, QSGD, sign, ...):    payload --bytes--> int32 --one all-gather--> decompress_sum
@@ -14,7 +14,7 @@ import zlib
 
 import tensorflow as tf
 
-from tfdist_ext.compression.base import FLOAT_DTYPES, NoCompression, fold_seed
+from tfdist_ext.compression.base import fold_seed
 from tfdist_ext.compression.error_feedback import (compress_with_feedback,
                                                    compress_with_momentum_correction)
 
@@ -69,58 +69,38 @@ def buffer_seed(compressor, key, step, rank):
     return compressor.replica_seed(fold_seed(_SEED_BASE, step, bucket), rank)
 
 
-def reduce_buffer(flat, compressor, *, state, key, replica, rank, world_size, step,
-                  all_reduce, all_gather):
-    """The SUM over replicas of the 1-D buffer `flat`, sent through `compressor`.
+def reduce_payload(compressor, bucket, comm, state):
+    """`PayloadCompressor.reduce`: the SUM over replicas of `bucket.flat`.
 
-    Args:
-        flat: This replica's 1-D buffer (static length).
-        compressor: A `Compressor`; integer buffers and "none" go dense.
-        state: The strategy's `StrategyState` (residuals).
-        key: Stable name of this buffer (same every step), for its residual.
-        replica: Local replica index; rank: its global rank.
-        world_size: Replicas in sync.
-        step: int64 scalar, this replica's step counter (seeds, warm-up).
-        all_reduce: ``fn(tensor) -> SUM over replicas`` (configured algorithm).
-        all_gather: ``fn(int32 tensor) -> concatenation over replicas``.
+    Error feedback keeps this replica's residual in `state` under the
+    bucket's key (and DGC's velocity under `<key>_velocity`); shared-seed
+    compressors decompress with the seed every replica compressed with.
     """
+    flat, key, replica = bucket.flat, bucket.key, bucket.replica
     n, dtype = flat.shape.num_elements(), flat.dtype
-    if isinstance(compressor, NoCompression) or dtype not in FLOAT_DTYPES or n == 0:
-        return all_reduce(flat)
-    seed = buffer_seed(compressor, key, step, rank)
+    seed = buffer_seed(compressor, key, bucket.step, comm.rank)
     residual = (state.residual(key, replica, n, dtype)
                 if compressor.error_feedback else None)
     velocity = (state.residual(f"{key}_velocity", replica, n, dtype)
                 if compressor.momentum else None)
-
-    def compressed():
-        updates = []
-        if velocity is not None:
-            payload, new_residual, new_velocity = compress_with_momentum_correction(
-                compressor, flat, residual.read_value(), velocity.read_value(), seed)
-            updates.append(velocity.assign(new_velocity))
-        else:
-            payload, new_residual = compress_with_feedback(
-                compressor, flat, None if residual is None else residual.read_value(), seed)
-        if compressor.reducible:
-            summed = tuple(all_reduce(t) for t in payload)
-            result = compressor.decompress(summed, n, dtype, seed=seed)
-        else:
-            specs = compressor.payload_spec(n, dtype)
-            gathered = unpack_gathered(all_gather(pack(payload)), specs, world_size)
-            result = compressor.decompress_sum(gathered, n, dtype, world_size, seed=seed)
-        if residual is not None:
-            updates.append(residual.assign(new_residual))
-        if not updates:
-            return result
-        with tf.control_dependencies(updates):
-            return tf.identity(result)
-
-    if compressor.warmup_steps:
-        return tf.cond(step < compressor.warmup_steps, lambda: all_reduce(flat), compressed)
-    return compressed()
-
-
-def wire_bytes_gather(payload_bytes, world_size):
-    """Bytes one replica sends in a ring all-gather of `payload_bytes` each."""
-    return (world_size - 1) * (payload_bytes + (-payload_bytes % 4))
+    updates = []
+    if velocity is not None:
+        payload, new_residual, new_velocity = compress_with_momentum_correction(
+            compressor, flat, residual.read_value(), velocity.read_value(), seed)
+        updates.append(velocity.assign(new_velocity))
+    else:
+        payload, new_residual = compress_with_feedback(
+            compressor, flat, None if residual is None else residual.read_value(), seed)
+    if compressor.reducible:
+        summed = tuple(comm.all_reduce(t) for t in payload)
+        result = compressor.decompress(summed, n, dtype, seed=seed)
+    else:
+        specs = compressor.payload_spec(n, dtype)
+        gathered = unpack_gathered(comm.all_gather(pack(payload)), specs, comm.world_size)
+        result = compressor.decompress_sum(gathered, n, dtype, comm.world_size, seed=seed)
+    if residual is not None:
+        updates.append(residual.assign(new_residual))
+    if not updates:
+        return result
+    with tf.control_dependencies(updates):
+        return tf.identity(result)
