@@ -7,12 +7,13 @@ from conftest import ROOT, launch, read_worker_json
 pytestmark = pytest.mark.multiworker
 CHECKS = ROOT / "tests" / "workers" / "compression_checks.py"
 # Expected minimum dense/sent byte ratios on 2 workers (payload ratio of each).
-RATIOS = {"none": 1.0, "fp16": 2.0, "topk": 20.0, "randomk": 20.0, "qsgd": 6.0, "sign": 20.0}
+RATIOS = {"none": 1.0, "fp16": 2.0, "topk": 20.0, "randomk": 20.0, "qsgd": 6.0, "sign": 20.0,
+          "powersgd": 5.0}
 # Random-k and sign with error feedback diverge at this learning rate with momentum
 # 0.9 (a coordinate is sent ~every 100 steps carrying 100 steps of gradient; Stich et
 # al. 2018 scale the step by k/d). Their transport is still checked: same weights on
 # both workers and the byte ratio.
-CONVERGES = ("none", "fp16", "topk", "qsgd")
+CONVERGES = ("none", "fp16", "topk", "qsgd", "powersgd")
 
 
 def test_compressed_fit_on_two_workers(tmp_path):

@@ -58,7 +58,9 @@ def _round_trip(compressor, flat, rank=0, step=0):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("name", compression.COMPRESSORS.names())
+@pytest.mark.parametrize("name", [n for n in compression.COMPRESSORS.names()
+                                  if issubclass(compression.COMPRESSORS.class_for(n),
+                                                compression.PayloadCompressor)])
 def test_every_compressor_with_every_algorithm(name, algorithm):
     world = 3
     strategy = tfdist_ext.Strategy(num_replicas=world, allreduce=algorithm, compression=name)

@@ -1,8 +1,8 @@
 """What is sent: gradient compressors (`Strategy(compression=...)`).
 
 Registered names: "none", "fp16", "bf16", "topk", "topk_approx", "randomk",
-"qsgd", "terngrad", "sign", "int8". See `Compressor` for the interface the
-strategy calls (a reduction hook per gradient bucket, `hooks`),
+"qsgd", "terngrad", "sign", "int8", "powersgd". See `Compressor` for the
+interface the strategy calls (a reduction hook per gradient bucket, `hooks`),
 `PayloadCompressor` for the compress / decompress compressors and
 `compress_with_feedback` for error feedback.
 """
@@ -15,6 +15,7 @@ from tfdist_ext.compression.error_feedback import (compress_with_feedback,
 from tfdist_ext.compression.fp16 import FP16
 from tfdist_ext.compression.hooks import Bucket, Communicator, reduce_bucket
 from tfdist_ext.compression.int8 import Int8
+from tfdist_ext.compression.powersgd import PowerSGD
 from tfdist_ext.compression.qsgd import QSGD
 from tfdist_ext.compression.randomk import RandomK
 from tfdist_ext.compression.sign import Sign
@@ -32,6 +33,7 @@ __all__ = [
     "Int8",
     "NoCompression",
     "PayloadCompressor",
+    "PowerSGD",
     "RandomK",
     "Sign",
     "TernGrad",
