@@ -26,10 +26,13 @@ class Registry:
     Args:
         option: The keyword argument of `tfdist_ext.Strategy` this registry
             serves (used in error messages), e.g. ``"compression"``.
+        base: Optional base class whose instances `get` also accepts when
+            their class is not registered (user-written compressors).
     """
 
-    def __init__(self, option: str):
+    def __init__(self, option: str, base: Optional[Type] = None):
         self.option = option
+        self.base = base
         self._classes: Dict[str, Type] = {}
 
     def register(self, name: str) -> Callable[[Type], Type]:
@@ -67,8 +70,8 @@ class Registry:
 
         Args:
             identifier: A registered name, a dict with key ``"name"`` and the
-                class's keyword arguments, an instance of a registered class,
-                or None (then `default` is used).
+                class's keyword arguments, an instance of a registered class
+                (or of `base`), or None (then `default` is used).
             default: Name used when `identifier` is None.
 
         Raises:
@@ -79,7 +82,8 @@ class Registry:
             if default is None:
                 return None
             identifier = default
-        if isinstance(identifier, tuple(self._classes.values())):
+        accepted = tuple(self._classes.values()) + ((self.base,) if self.base else ())
+        if isinstance(identifier, accepted):
             return identifier
         if isinstance(identifier, str):
             return self.class_for(identifier)()

@@ -24,8 +24,6 @@ import tensorflow as tf
 
 from tfdist_ext.registry import Registry
 
-COMPRESSORS = Registry("compression")
-
 FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _SEED_MULTIPLIER = 1_000_003
 
@@ -175,6 +173,13 @@ class Compressor:
         return dtype
 
 
+COMPRESSORS = Registry("compression", base=Compressor)
+
+
 def get(identifier):
-    """A compressor from a name, dict or instance (None means "none")."""
+    """A compressor from a name, dict or instance (None means "none").
+
+    Instances of unregistered `Compressor` subclasses (user-written hooks)
+    are accepted as they are.
+    """
     return COMPRESSORS.get(identifier, default="none")

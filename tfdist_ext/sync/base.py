@@ -28,12 +28,13 @@ class SyncPolicy:
         send parameters, or reduce gradients outside that path, uncompressed.
         """
         if not isinstance(compressor, NoCompression):
+            name = getattr(compressor, "name", type(compressor).__name__)
             raise ValueError(
                 f"Arguments `sync` and `compression` conflict: sync={self.name!r} "
                 f"communicates {self.communicates}, which compression="
-                f"{compressor.name!r} does not apply to (it compresses the per-step "
+                f"{name!r} does not apply to (it compresses the per-step "
                 "gradient all-reduce of synchronous SGD). Use compression='none' with "
-                f"sync={self.name!r}, or sync='sync' with compression={compressor.name!r}.")
+                f"sync={self.name!r}, or sync='sync' with compression={name!r}.")
 
     def runner(self, strategy):
         """The object that applies this policy in `strategy`'s train steps (None: Keras' own)."""
