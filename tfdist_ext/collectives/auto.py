@@ -2,26 +2,33 @@
 
 Each candidate's time is measured on the running cluster at the sizes in
 `PROBE_BYTES` (see `calibration.py`) and interpolated piecewise linearly in
-bytes between them (`interpolate`). A single straight line through 1 KB and
-4 MB mispredicted the middle: on 2 workers tree was the fastest at 1 MB and
-one of the slowest at 16 MB, and the line picked ring at 1 MB, 1.16x slower.
-Probing 16 MB as well cost 5-15 s more and, with the few calls affordable
-there, was noisier than extrapolating. Curves per algorithm, rather than one
-alpha-beta-gamma model for all schedules, because the schedule model's "busiest link" is wrong when
-replicas share cores and memory (logical replicas in one process: measured
-1.9x off at 1 MB); the alpha-beta-gamma constants derived from the same probe
-still model any algorithm that was not probed (`cost.predict` on its schedule)
-and are logged for comparison.
+bytes between them (`interpolate`). The middle probe is needed: one straight
+line through the smallest and largest probe mispredicts the sizes between
+them, where an algorithm can be among the fastest at one size and among the
+slowest a few octaves higher. Sizes above the largest probe are extrapolated
+rather than probed: a large probe costs seconds, and with the few calls
+affordable there it is noisier than the extrapolation. Curves are kept per
+algorithm, rather than one alpha-beta-gamma model for all schedules, because
+the schedule model's "busiest link" is wrong when replicas share cores and
+memory (logical replicas in one process); the alpha-beta-gamma constants
+derived from the same probe still model any algorithm that was not probed
+(`cost.predict` on its schedule) and are logged for comparison.
 
 The model then only shortlists: at the sizes a model really reduces, the
 candidates modelled within `REFINE_MARGIN` of the best are timed once more on a
-buffer of that size (`refine.Refiner`), because on this 2-core machine the best
-two or three are often within 5% of each other and a probe at other sizes
-cannot rank them (2 workers, 1 MB: the model's choice measured 1.20x the best).
+buffer of that size (`refine.Refiner`). The model ranks algorithms that differ
+by 2x well, but the best two or three are often within a few percent of each
+other, and a probe at other sizes cannot rank those.
 
 Every worker must decide identically, so decisions are a pure function of a
 `Calibration` that the chief measured and broadcast (and, when refined, of the
 chief's timings). Ties go to the alphabetically first name.
+
+Tuning: restrict the candidates
+(``allreduce={"name": "auto", "candidates": [...]}``) to skip algorithms known
+to be slow on a cluster, so fewer are probed and timed. Raise `REFINE_MARGIN`
+when timed picks often differ from the model's; keep `REFINE_LIMIT` small (see
+`shortlist`).
 """
 
 import dataclasses
@@ -88,8 +95,11 @@ class Calibration:
 
     @classmethod
     def defaults(cls, cluster_key: str, world_size: int) -> "Calibration":
-        """Figures measured on 2 workers over 127.0.0.1 (TF_NOTES section 7);
-        used only when calibration is skipped and no cache exists."""
+        """Built-in constants for a loopback cluster (TF_NOTES section 7).
+
+        Used only when calibration is skipped and no cache exists; they do not
+        describe the running cluster, so run the probe for real decisions.
+        """
         return cls(cluster_key, world_size, alpha=4e-4, beta=1 / 0.8e9, gamma=1 / 4e9,
                    lines=((NATIVE, 1.7e-3, 1 / 0.32e9),), measured=False)
 
@@ -99,9 +109,9 @@ def interpolate(sizes: Sequence[int], seconds: Sequence[float], num_bytes: int) 
 
     Below the first size the first segment is extended (never below 1e-7 s).
     Above the last size the steepest segment is: the per-byte cost does not
-    fall once a message is bandwidth-bound, and a flatter top segment came
-    from buffers that still fit in the CPU caches (4 logical replicas,
-    master_worker: 1-4 MB predicted 16.5 ms at 16 MB, measured 30 ms).
+    fall once a message is bandwidth-bound, and a flatter top segment comes
+    from buffers that still fit in the CPU caches, so extending it would
+    under-predict larger buffers.
     """
     slopes = [(t1 - t0) / (s1 - s0) for s0, s1, t0, t1 in
               zip(sizes, sizes[1:], seconds, seconds[1:])]
@@ -134,14 +144,24 @@ def shortlist(calibration: Calibration, num_bytes: int, itemsize: int = 4,
     Those modelled within `margin` times the best, at most `limit` of them,
     plus "native" when it is a candidate; the first is `choose`'s answer.
 
-    The model was off by up to 1.5x at single sizes (4 replicas, 16 MB,
-    before the steepest-segment rule), hence 1.5. A limit of 4 made worse
-    picks than 3 (1.13x and 1.29x in one benchmark run, none in two with 3):
-    one more candidate is one more chance for a noisy time to win. Native is
-    added all the same: the probe once ranked TF's fused op outside the
-    shortlist at 16 MB on 4 replicas, where it was the best and the pick 1.62x
-    slower; with native always timed, three runs there kept every pick within
-    1.09x.
+    `margin` should cover the model's error at a single size; `limit` should
+    stay small, because every extra candidate is one more chance for a noisy
+    time to win. "native" is timed regardless of its modelled rank: the probe
+    can place TF's fused op outside the shortlist at sizes where it is the
+    best.
+
+    Args:
+        calibration: The cluster's `Calibration`.
+        num_bytes: Buffer size in bytes.
+        itemsize: Bytes per element of the buffer.
+        candidates: Algorithms to choose from; None or empty means all and
+            "native".
+        margin: Candidates modelled above `margin` times the best are dropped.
+            Raise it when the model's picks are often beaten by timing.
+        limit: At most this many candidates (before "native" is added).
+
+    Returns:
+        Candidate names, best modelled first.
     """
     if calibration.world_size == 1:
         return (NATIVE,)

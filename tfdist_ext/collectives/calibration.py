@@ -1,16 +1,15 @@
 """Start-up calibration of the "auto" cost model on the running cluster.
 
-A short probe (4-10 s on 127.0.0.1, much of it tracing) measures, on every
-worker at once, each candidate algorithm (and TF's native all-reduce) at 1 KB,
-1 MB and 4 MB (`auto.PROBE_BYTES`). The candidates take turns and every timed
-call starts right after a barrier, so a worker still finishing the previous
-call does not bill its lag to the next. Below 1 MB the median of 15 calls is
-kept: the minimum favoured algorithms with many sequential messages
-(round_robin on 4 workers: best minimum, 1.18x the best median). From 1 MB,
-where calls are costly, the minimum of 7 (load only adds time; a median of so
-few ranked candidates less reproducibly). Alpha (per message) and beta (per
-byte on the busiest link) are derived from the butterfly and ring lines,
-gamma from a local add.
+A short probe (seconds, much of it tracing) measures, on every worker at
+once, each candidate algorithm (and TF's native all-reduce) at 1 KB, 1 MB and
+4 MB (`auto.PROBE_BYTES`). The candidates take turns and every timed call
+starts right after a barrier, so a worker still finishing the previous call
+does not bill its lag to the next. Below 1 MB the median of 15 calls is kept:
+the minimum favours algorithms with many sequential messages, whose best call
+is far below their typical one. From 1 MB, where calls are costly, the
+minimum of 7 (load only adds time; a median of so few ranked candidates less
+reproducibly). Alpha (per message) and beta (per byte on the busiest link)
+are derived from the butterfly and ring lines, gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
 same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,

@@ -35,7 +35,7 @@ PAIR_GROUP_KEYS = 10_000  # group keys reserved per strategy for the pair groups
 # (`refine.py`). It needs its own: with several local replicas the trace has
 # drawn keys for replica 0's pairs but not yet for replica 1's when it stops to
 # time, so shared counters would disagree within a pair and the timing would
-# wait forever (seen: 3 replicas, 3 of 4 runs hung).
+# wait forever.
 TIMING_INSTANCE_KEYS = 1 << 30
 
 

@@ -4,7 +4,7 @@
       UCX (`ucx_engine.py`): shared memory within a host, TCP or RDMA across
       hosts. Needs the `libucx-cu12` wheel when tfdist_ext is built.
     * ``"tf"``: the same schedules built from TF's collective ops over gRPC
-      (`engine.py`), portable but with ~1 ms of executor cost per message.
+      (`engine.py`), portable but with TF's executor cost on every message.
     * ``"auto"`` (the default): "ucx" where its library is built for the
       running TensorFlow, else "tf" with a warning that says what to install.
 

@@ -1,9 +1,9 @@
 """Tensor fusion: many gradients -> a few flat buffers per dtype -> back again.
 
-Collectives have a fixed cost per round (~0.3-0.5 ms measured, TF_NOTES.md
-section 3), so the strategy reduces a few large flat buffers instead of many
-small tensors. Tensors are grouped by dtype (one buffer holds one dtype), then
-packed with TF's own rule for `CommunicationOptions.bytes_per_pack`
+Collectives have a fixed cost per round (TF_NOTES.md section 3), so the
+strategy reduces a few large flat buffers instead of many small tensors.
+Tensors are grouped by dtype (one buffer holds one dtype), then packed with
+TF's own rule for `CommunicationOptions.bytes_per_pack`
 (`cross_device_utils.group_by_size`: packs of at least `bytes_per_pack` bytes,
 in order; 0 makes one pack per dtype). As in TF's native path the list is
 reversed first, so the first pack holds the gradients backprop produces first.

@@ -101,11 +101,11 @@ class AllReduce:
         candidates: Algorithms "auto" may choose from; empty means all of them
             and "native".
         calibrate: Whether "auto" (and the "mgwfbp" bucketing planner) runs the
-            start-up probe (4-11 s on 2-4 replicas here) when no valid cache
+            start-up probe (seconds, once per cluster) when no valid cache
             exists; False uses built-in defaults instead and times nothing.
         refine: Whether "auto" times its close candidates again at each
             buffer size the model reduces, the first time it is reduced
-            (`collectives.refine`; 1-24 s per size here, cached). False keeps
+            (`collectives.refine`; seconds per size class, cached). False keeps
             the model's choice.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.

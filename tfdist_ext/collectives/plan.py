@@ -9,7 +9,7 @@ schedules alone, so it can be tested without TensorFlow:
   ``[lo, hi)`` (concatenated to send, split back on receive).
 * Exchanges. When, in one round, rank r sends range R to peer p and receives R
   from p with ``reduce=True`` (and p does the mirror image), the two transfers
-  are one pairwise exchange-and-sum: a 2-member all-reduce, measured faster
+  are one pairwise exchange-and-sum: a 2-member all-reduce, which is faster
   than two broadcasts. Both sides must choose the same way, so the test looks
   at both ranks' rounds; it also requires that no other Recv of the round
   touches R (the exchange's result is ``start-of-round R + peer's R``, which is

@@ -3,18 +3,16 @@
 The start-up probe (`calibration.py`) measures every candidate at three sizes,
 and the model interpolates between them. It ranks algorithms that differ by
 2x well, but not the two or three that are within 5-20% of each other, which
-is the usual case at the model's actual buffer sizes: on 2 workers at 1 MB the
-model picked halving_doubling, measured 1.20x slower than the best. So the
-first time a buffer size is reduced, the candidates modelled within
-`auto.REFINE_MARGIN` of the best (at most `auto.REFINE_LIMIT`, plus "native";
-see `auto.shortlist`) are timed on a buffer of exactly that size, and the
-fastest by the chief's clock is kept for every buffer in the same half-octave
-(`auto.size_class`). The chief's clock is the median of interleaved calls at
-every size: the probe's minimum at 1 MB and above picked tree at 16 MB on 4
-replicas, whose minimum tied native's while its median was 1.6x. This is what
-NCCL's tuner cannot do for us (it has no CPU path) and what Horovod's
-autotuner does with whole steps, at the cost of one timing per size class
-rather than a search.
+is the usual case at the model's actual buffer sizes. So the first time a
+buffer size is reduced, the candidates modelled within `auto.REFINE_MARGIN` of
+the best (at most `auto.REFINE_LIMIT`, plus "native"; see `auto.shortlist`)
+are timed on a buffer of exactly that size, and the fastest by the chief's
+clock is kept for every buffer in the same half-octave (`auto.size_class`).
+The chief's clock is the median of interleaved calls at every size, unlike
+the probe's minimum at 1 MB and above: two algorithms can share a minimum
+while their typical times differ widely. This is what NCCL's tuner cannot do
+for us (it has no CPU path) and what Horovod's autotuner does with whole
+steps, at the cost of one timing per size class rather than a search.
 
 When it runs: at trace time, the first time a size class is asked for (the
 graph being traced is set aside with `init_scope`; the timing runs eagerly).
@@ -27,13 +25,17 @@ model's choice. At most `max_classes` classes are timed, beyond that the model
 decides alone. The chief keeps the choices in the calibration cache, so a
 second run on the same cluster times nothing.
 
-Cost per size class: tracing 2-4 functions, then 15 timed calls of each (8
-all-reduces per call below 1 MB, 2 from 1 MB): measured 1.3-2.3 s up to 1 MB
-on 2 workers, 3-6 s up to 1 MB and 14-24 s at 16 MB on 4 workers (with
-native as a 4th candidate). Cheaper rules picked
-worse: 1 all-reduce per call from 1 MB chose tree at 1 MB on 4 replicas (1.17x
-the best); a budget of 5-7 calls at 16 MB chose round_robin on 4 replicas
-(1.29x).
+Cost per size class: tracing 2-4 functions, then 2 * `repeats` + 1 timed
+calls of each (15 by default; 8 all-reduces per call below 1 MB, 2 from 1 MB).
+The cost grows with the buffer size and the number of workers and is paid
+once per cluster, since the choices are cached. Cheaper timings (fewer calls,
+or one all-reduce per call from 1 MB) are noisier and pick worse algorithms.
+
+Tuning: keep `repeats` at its default rather than lowering it to save
+start-up time. Lower `max_classes` to bound the first run's timing when a
+model has many distinct buffer sizes, and use `refine=False` (the model's
+choice, no timing) where the first run's start-up time matters more than the
+best algorithm.
 
 Buffers are timed as float32 of the same byte count whatever their dtype: the
 algorithms move bytes, and only the local add differs.

@@ -45,13 +45,13 @@ class TopK(SparseCompressor):
     the dense model's accuracy. Tuning: start with ratio=0.01 and lower it to
     0.001 on slow links; keep error feedback on (without it top-k is biased
     and stalls); with momentum SGD, move the momentum into the compressor
-    (`momentum=0.9`, optimizer without momentum, DGC's momentum correction):
-    on mnist1d it turned 7.5 points below dense into 1.4 (README); a few
-    hundred dense warm-up steps (`warmup_steps`) help early training, when
-    gradients change fastest. Payload per replica: k values and
-    k int32 indices, k = max(1, round(ratio * n)), so 1% of float32 costs 2% of
-    the dense bytes. Not reducible: replicas pick different indices, so the
-    payloads are all-gathered (the cost grows with the number of replicas).
+    (`momentum=0.9`, optimizer without momentum, DGC's momentum correction),
+    which closes most of the gap to dense momentum SGD; a few hundred dense
+    warm-up steps (`warmup_steps`) help early training, when gradients change
+    fastest. Payload per replica: k values and k int32 indices,
+    k = max(1, round(ratio * n)), so 1% of float32 costs 2% of the dense
+    bytes. Not reducible: replicas pick different indices, so the payloads are
+    all-gathered (the cost grows with the number of replicas).
 
     Args:
         ratio: Fraction of elements sent, in (0, 1]. Defaults to 0.01.
@@ -65,9 +65,8 @@ class TopK(SparseCompressor):
         momentum_masking: DGC's momentum factor masking: a value's momentum
             restarts once it is sent. Values sent at every step then move as
             in plain SGD, so use a learning rate 2-5x the momentum-SGD one it
-            replaces (mnist1d, 2 workers: 3x, see the README). False keeps the
-            momentum (the dense limit is momentum SGD at the same rate); on
-            mnist1d that trained worse than masking at a raised rate.
+            replaces. False keeps the momentum (the dense limit is momentum
+            SGD at the same rate); prefer masking with a raised rate.
             Defaults to True.
     """
 

@@ -17,10 +17,10 @@ Step t (0-based, `optimizer.iterations`):
 
 Optimizer slots (momentum, Adam moments) are averaged with the parameters by
 default (`average_slots=True`): without it each replica's momentum drifts with
-its own gradients and the averaged model moves with none of them (measured on
-mnist1d below). `average_slots=False` keeps them local, as PyTorch's
-PostLocalSGDOptimizer does, for half the traffic per round. Non-trainable
-variables (BatchNorm statistics) stay local.
+its own gradients and the averaged model moves with none of them.
+`average_slots=False` keeps them local, as PyTorch's PostLocalSGDOptimizer
+does, for half the traffic per round. Non-trainable variables (BatchNorm
+statistics) stay local.
 
 Tuning: H = 2-8 keeps accuracy close to synchronous SGD for small models;
 larger H saves more but needs a warm-up of synchronous steps (a few epochs)
