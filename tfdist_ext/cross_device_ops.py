@@ -86,6 +86,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self.refiner = None      # likewise
         self._gradient_reduction = False
         self._dense_only = False
+        self._key_prefix = ""
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
                              and isinstance(config.compression, NoCompression)
                              and config.bucketing is None)
@@ -149,6 +150,21 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             yield
         finally:
             self._dense_only = False
+
+    @contextlib.contextmanager
+    def pseudo_gradient_reductions(self):
+        """Reductions traced in this context are compressed and counted like gradients.
+
+        For what relaxed sync policies send instead of gradients (local SGD's
+        parameter change since the last average): their buckets get keys of
+        their own ("delta_b0_..."), so residuals and compressor state never
+        mix with the gradient buckets'.
+        """
+        self._key_prefix = "delta_"
+        try:
+            yield
+        finally:
+            self._key_prefix = ""
 
     def reduce_buffers(self, buffers):
         """Sums flat buffers over all replicas, densely, with the configured algorithms.
@@ -247,7 +263,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                 if not gradients:
                     return self._reduce_buffer(buffer, replica_id, options)
                 return self._reduce_gradient_buffer(buffer, shapes, replica_id, options, step,
-                                                    f"b{next(buffers)}", counts)
+                                                    f"{self._key_prefix}b{next(buffers)}",
+                                                    counts)
 
             tensors = [flat[i] for i in fused]
             planned = gradients and self.config.bucketing is not None

@@ -96,3 +96,55 @@ def model_averaging(w0, rows, steps, num, lr, learners, alpha, momentum):
         z, z_prev = z + total + momentum * (z - z_prev), z
         history.append(z.copy())
     return history
+
+
+def top_k_feedback(k):
+    """Top-k by magnitude with error feedback: fn(vector, residual) -> (sent, residual)."""
+
+    def compress(vector, residual):
+        corrected = vector + residual
+        sent = np.zeros_like(corrected)
+        keep = np.argsort(-np.abs(corrected.ravel()), kind="stable")[:k]
+        sent.ravel()[keep] = corrected.ravel()[keep]
+        return sent, corrected - sent
+
+    return compress
+
+
+def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
+                         drain_every=None):
+    """Local SGD sending compressed parameter changes since the last average.
+
+    Warm-up steps all-reduce compressed gradients (own residuals) and move the
+    anchor along; each round: d_i = a - w_i, w = a - mean_i C(d_i), a = w.
+    Every `drain_every` steps (an epoch's end) the weights are averaged
+    exactly and the anchor moves there.
+    """
+    ws = [w0.copy() for _ in range(num)]
+    anchor = w0.copy()
+    grad_residuals = [np.zeros_like(w0) for _ in range(num)]
+    delta_residuals = [np.zeros_like(w0) for _ in range(num)]
+    history = []
+    for t in range(steps):
+        grads = [gradient(ws[i], *rows(t, i)) for i in range(num)]
+        if t < warmup:
+            sent = []
+            for i in range(num):
+                s, grad_residuals[i] = compress(grads[i], grad_residuals[i])
+                sent.append(s)
+            ws = [w - lr * np.mean(sent, axis=0) for w in ws]
+            anchor = ws[0].copy()
+        else:
+            ws = [w - lr * g for w, g in zip(ws, grads)]
+            if (t + 1) % period == 0:
+                sent = []
+                for i in range(num):
+                    s, delta_residuals[i] = compress(anchor - ws[i], delta_residuals[i])
+                    sent.append(s)
+                anchor = anchor - np.mean(sent, axis=0)
+                ws = [anchor.copy() for _ in range(num)]
+        history.append([w.copy() for w in ws])
+        if drain_every and (t + 1) % drain_every == 0:
+            anchor = np.mean(ws, axis=0)
+            ws = [anchor.copy() for _ in range(num)]
+    return history

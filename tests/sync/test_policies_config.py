@@ -35,9 +35,9 @@ def test_bad_policy_arguments_are_rejected(policy, message):
         policy()
 
 
-@pytest.mark.parametrize("policy", ["local_sgd", "stale_synchronous", "delayed_averaging",
+@pytest.mark.parametrize("policy", ["stale_synchronous", "delayed_averaging",
                                     "model_averaging"])
-@pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16"])
+@pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16", "powersgd"])
 def test_policies_that_do_not_reduce_gradients_each_step_refuse_compression(policy,
                                                                             compression):
     with pytest.raises(ValueError, match=(
@@ -49,3 +49,8 @@ def test_policies_that_do_not_reduce_gradients_each_step_refuse_compression(poli
 
 def test_synchronous_accepts_every_compressor():
     tfdist_ext.Strategy(sync="sync", compression="topk", num_replicas=2)
+
+
+@pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16", "powersgd"])
+def test_local_sgd_accepts_compressors_of_its_parameter_changes(compression):
+    tfdist_ext.Strategy(sync="local_sgd", compression=compression, num_replicas=2)

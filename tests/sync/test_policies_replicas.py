@@ -154,3 +154,54 @@ def test_local_sgd_averages_optimizer_slots_when_asked(average_slots):
     momentum = [v for v in model.optimizer.variables if "momentum" in v.path][0]
     first, second = (c.numpy() for c in momentum.value.values)
     assert np.array_equal(first, second) == average_slots
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_local_sgd_sends_compressed_parameter_changes(warmup):
+    steps, period, num = 10, 3, 3
+    compressor = {"name": "topk", "ratio": 0.4}  # 2 of the 5 weights, error feedback
+    w0, history, final, strategy, rows = fit(
+        sync.LocalSGD(period=period, warmup_steps=warmup), steps, num=num,
+        compression=compressor)
+    expected = reference.local_sgd_compressed(
+        w0, rows, steps, num, LR, period, reference.top_k_feedback(2), warmup)
+    for t in range(steps):
+        _close(history[t], expected[t])
+    plain = reference.local_sgd(w0, rows, steps, num, LR, period, warmup)
+    assert np.abs(np.asarray(expected[-1]) - np.asarray(plain[-1])).max() > 1e-3
+    residuals = strategy.state.residuals
+    assert any(key.startswith("delta_b0") for key in residuals)
+    stats = strategy.communication_stats()
+    assert stats["sync_rounds"] == len([t for t in range(warmup, steps)
+                                        if (t + 1) % period == 0])
+    assert stats["reductions"] == warmup + stats["sync_rounds"]
+    # Each reduction all-gathers 2 values and 2 int32 indices from the 2 others.
+    assert stats["bytes_sent"] == stats["reductions"] * 2 * (2 * 4 + 2 * 4)
+
+
+def test_compressed_local_sgd_re_anchors_at_the_epoch_drain():
+    steps, period, num = 5, 3, 2  # the epoch ends mid-period: the drain averages
+    w0, history, final, _, rows = fit(sync.LocalSGD(period=period), steps, num=num, epochs=2,
+                                      compression={"name": "topk", "ratio": 0.4})
+    expected = reference.local_sgd_compressed(
+        w0, lambda t, i: rows(t % steps, i), 2 * steps, num, LR, period,
+        reference.top_k_feedback(2), drain_every=steps)
+    for t in range(2 * steps):
+        _close(history[t], expected[t])
+    _close(final, [np.mean(expected[-1], axis=0)] * num)
+
+
+def test_local_sgd_with_a_lossless_compressor_is_plain_local_sgd():
+    steps, period = 9, 3
+    w0, history, _, _, rows = fit(sync.LocalSGD(period=period), steps, num=3,
+                                  compression={"name": "topk", "ratio": 1.0})
+    expected = reference.local_sgd(w0, rows, steps, 3, LR, period)
+    for t in range(steps):
+        _close(history[t], expected[t])
+
+
+def test_local_sgd_refuses_dgc_momentum_correction():
+    with pytest.raises(ValueError, match=r"sync='local_sgd' sends parameter changes, to which "
+                                         r"DGC momentum correction \(compression momentum=0\.9\)"):
+        tfdist_ext.Strategy(sync="local_sgd", num_replicas=2,
+                            compression={"name": "topk", "momentum": 0.9})

@@ -15,6 +15,7 @@ RUNS = [
     {"sync": {"name": "stale_synchronous", "staleness": 2}, "sleep": 0.05},
     {"sync": {"name": "stale_synchronous", "staleness": 2}, "sleep": 0.0},
     {"sync": {"name": "local_sgd", "period": 3}, "sleep": 0.0},
+    {"sync": {"name": "local_sgd", "period": 3}, "compression": "powersgd", "sleep": 0.0},
     {"sync": {"name": "delayed_averaging", "delay": 2}, "sleep": 0.0},
     {"sync": {"name": "model_averaging", "learners_per_device": 2}, "sleep": 0.0},
 ]
@@ -41,6 +42,9 @@ def test_policies_on_two_workers(tmp_path):
             assert all(0 <= s["staleness_max"] <= 2 for s in stats), stats
             # ... and the pipeline was used (a worker ran ahead of a reduction).
             assert max(s["staleness_mean"] for s in stats) > 0, stats
+        elif name == "local_sgd" and "compression" in spec:  # parameter changes, compressed
+            assert all(s["sync_rounds"] == s["reductions"] == STEPS // 3 for s in stats)
+            assert all(0 < s["bytes_sent"] < s["dense_bytes"] for s in stats), stats
         elif name == "local_sgd":
             assert all(s["sync_rounds"] == STEPS // 3 and s["reductions"] == 0 for s in stats)
         else:

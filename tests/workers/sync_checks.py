@@ -2,7 +2,8 @@
 
     python sync_checks.py OUT_DIR RUN_JSON [RUN_JSON ...]
 
-Each RUN_JSON is {"sync": <policy name or dict>, "sleep": seconds}. For each,
+Each RUN_JSON is {"sync": <policy name or dict>, "sleep": seconds} and
+optionally "compression": <name or dict>. For each,
 in one process: builds a `tfdist_ext.Strategy` and a small MLP, runs `fit` for
 2 epochs of 12 steps while a seeded schedule (the same on every worker) makes
 one worker per step sleep that long before the step, and records the final weights' digest, losses and the strategy's
@@ -38,8 +39,8 @@ class Straggler(keras.callbacks.Callback):
         self.step += 1
 
 
-def run(policy, index, num_workers, sleep):
-    strategy = tfdist_ext.Strategy(sync=policy)
+def run(policy, index, num_workers, sleep, compression=None):
+    strategy = tfdist_ext.Strategy(sync=policy, compression=compression)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(480, 8)).astype("float32")
     y = (np.tanh(x @ rng.normal(size=(8, 1)))).astype("float32")
@@ -64,7 +65,8 @@ def main(out_dir, *runs):
     index, num_workers = config["task"]["index"], len(config["cluster"]["worker"])
     results = []
     for spec in map(json.loads, runs):
-        results.append(run(spec["sync"], index, num_workers, spec.get("sleep", 0.0)))
+        results.append(run(spec["sync"], index, num_workers, spec.get("sleep", 0.0),
+                           spec.get("compression")))
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
 

@@ -22,6 +22,20 @@ its own gradients and the averaged model moves with none of them.
 does, for half the traffic per round. Non-trainable variables (BatchNorm
 statistics) stay local.
 
+With a compressor (`Strategy(sync="local_sgd", compression="powersgd")`)
+a round sends the change since the last average instead of the parameters:
+every replica keeps the averaged values of the last round (the anchor a,
+the same everywhere) and the round computes
+
+    d_r = a - w_r                       (the pseudo-gradient of replica r)
+    w = a - compress-and-sum(d_r) / N   (error feedback per replica)
+    a = w
+
+for the parameters and, with `average_slots`, the optimizer slots. With a
+lossless compressor this is the plain average. The compressor's warm-up
+counts rounds, and the warm-up steps of the policy all-reduce gradients
+through the same compressor.
+
 Tuning: H = 2-8 keeps accuracy close to synchronous SGD for small models;
 larger H saves more but needs a warm-up of synchronous steps (a few epochs)
 and a smaller learning rate. With plain SGD and H = 1, local SGD equals
@@ -33,6 +47,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
@@ -61,6 +76,15 @@ class LocalSGD(SyncPolicy):
             raise ValueError(f"Argument `average_slots` must be True or False; received "
                              f"{self.average_slots!r}.")
 
+    def check_compression(self, compressor) -> None:
+        """Every compressor applies to the pseudo-gradients but DGC momentum correction."""
+        if compressor.momentum:
+            raise ValueError(
+                f"Arguments `sync` and `compression` conflict: sync={self.name!r} sends "
+                "parameter changes, to which DGC momentum correction (compression "
+                f"momentum={compressor.momentum!r}) does not apply. Set the compressor's "
+                "momentum to 0 and keep the optimizer's momentum.")
+
     def runner(self, strategy):
         return _LocalSGDRunner(strategy, self)
 
@@ -74,6 +98,8 @@ class _LocalSGDRunner(PolicyRunner):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="local_sgd_rounds")
         strategy.state.sync_rounds = self.rounds
+        self.compressed = not isinstance(strategy.config.compression, NoCompression)
+        self._anchored = []  # the variables whose anchors exist, in key order
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         grads = _dense(grads)
@@ -107,16 +133,82 @@ class _LocalSGDRunner(PolicyRunner):
     def _average_merge(self, strategy, step, variables):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
         def average():
-            with self.cross_ops.dense_reductions():
-                means = strategy.extended.batch_reduce_to(
-                    _compat.ReduceOp.MEAN, [(v, v) for v in variables])
-            updates = [v.assign(m) for v, m in zip(variables, means)]
+            if self.compressed:
+                updates = self._pseudo_gradient_round(strategy, variables)
+            else:
+                with self.cross_ops.dense_reductions():
+                    means = strategy.extended.batch_reduce_to(
+                        _compat.ReduceOp.MEAN, [(v, v) for v in variables])
+                updates = [v.assign(m) for v, m in zip(variables, means)]
             with tf.control_dependencies(updates):
                 return self.rounds.assign_add(1)
 
         due = tf.logical_and(step >= self.policy.warmup_steps,
                              (step + 1) % self.policy.period == 0)
-        return tf.cond(due, average, self.rounds.read_value)
+        idle = self.rounds.read_value
+        if self.compressed and self.policy.warmup_steps:
+            def follow():  # synchronous steps move the anchors along
+                with tf.control_dependencies(self._reset_anchors(strategy, variables)):
+                    return self.rounds.read_value()
+
+            idle = lambda: tf.cond(step < self.policy.warmup_steps, follow,  # noqa: E731
+                                   self.rounds.read_value)
+        return tf.cond(due, average, idle)
+
+    def _anchors(self, strategy, variables):
+        """Per variable, the list of its local replicas' anchor variables (flat)."""
+        anchors = []
+        for j, variable in enumerate(variables):
+            components = strategy.experimental_local_results(variable)
+            n = components[0].shape.num_elements()
+            initial = lambda c=components[0]: tf.reshape(c.read_value(), [-1])  # noqa: E731
+            anchors.append([self.strategy.state.buffer(f"local_sgd_anchor_{j}", i, n,
+                                                       components[0].dtype, initial=initial)
+                            for i in range(len(components))])
+        self._anchored = list(variables)
+        return anchors
+
+    def _pseudo_gradient_round(self, strategy, variables):
+        """w = a - compress-and-sum(a - w_r) / N; a = w (see the module docstring)."""
+        anchors = self._anchors(strategy, variables)
+        deltas = []
+        for variable, mine in zip(variables, anchors):
+            components = strategy.experimental_local_results(variable)
+            deltas.append(_compat.PerReplica([
+                tf.reshape(a.read_value(), c.shape) - c.read_value()
+                for a, c in zip(mine, components)]))
+        with self.cross_ops.pseudo_gradient_reductions():
+            sums = strategy.extended.batch_reduce_to(_compat.ReduceOp.SUM,
+                                                     [(d, d) for d in deltas])
+        updates = []
+        for variable, mine, summed in zip(variables, anchors, sums):
+            components = strategy.experimental_local_results(variable)
+            for a, c, total in zip(mine, components, strategy.experimental_local_results(summed)):
+                with tf.device(c.device):
+                    new = (tf.reshape(a.read_value(), c.shape)
+                           - total / tf.cast(self.world_size, total.dtype))
+                    updates += [c.assign(new), a.assign(tf.reshape(new, [-1]))]
+        return updates
+
+    def _reset_anchors(self, strategy, variables):
+        """Anchors := this replica's current values (all equal when this is called)."""
+        updates = []
+        for variable, mine in zip(variables, self._anchors(strategy, variables)):
+            for a, c in zip(mine, strategy.experimental_local_results(variable)):
+                updates.append(a.assign(tf.reshape(c.read_value(), [-1])))
+        return updates
+
+    def drain(self, model):
+        """Averages the parameters (base class), then re-anchors them there."""
+        super().drain(model)
+        if self.compressed and self._anchored:
+            parameters = {id(_tf_variable(v)) for v in model.trainable_variables}
+            for j, variable in enumerate(self._anchored):
+                if id(variable) in parameters:
+                    components = self.strategy.experimental_local_results(variable)
+                    for i, c in enumerate(components):
+                        self.strategy.state.residuals[f"local_sgd_anchor_{j}"][i].assign(
+                            tf.reshape(c.read_value(), [-1]))
 
     def stats(self):
         return {"sync_rounds": int(self.rounds.numpy())}
