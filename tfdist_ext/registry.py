@@ -45,7 +45,7 @@ class Registry:
                     f"{self._classes[name].__qualname__}; pick another name."
                 )
             self._classes[name] = cls
-            if not hasattr(cls, "name"):
+            if "name" not in vars(cls):  # a registered parent's name is not inherited
                 cls.name = name
             return cls
 

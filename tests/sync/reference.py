@@ -111,15 +111,35 @@ def top_k_feedback(k):
     return compress
 
 
+def exact(vector, residual):
+    """The identity "compressor" for `local_sgd_compressed`."""
+    return vector + residual, np.zeros_like(residual)
+
+
+def outer_step(kind, lr, momentum):
+    """DiLoCo's outer optimizer: fn(mean change D, velocity) -> (step, velocity)."""
+
+    def step(change, velocity):
+        if kind == "none":
+            return lr * change, velocity
+        velocity = momentum * velocity + change
+        return lr * (velocity if kind == "sgd" else change + momentum * velocity), velocity
+
+    return step
+
+
 def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
-                         drain_every=None):
+                         drain_every=None, outer=None):
     """Local SGD sending compressed parameter changes since the last average.
 
     Warm-up steps all-reduce compressed gradients (own residuals) and move the
     anchor along; each round: d_i = a - w_i, w = a - mean_i C(d_i), a = w.
     Every `drain_every` steps (an epoch's end) the weights are averaged
-    exactly and the anchor moves there.
+    exactly and the anchor moves there. `outer` (from `outer_step`) replaces
+    a -= D by an outer optimizer's step.
     """
+    outer = outer or outer_step("none", 1.0, 0.0)
+    velocity = np.zeros_like(w0)
     ws = [w0.copy() for _ in range(num)]
     anchor = w0.copy()
     grad_residuals = [np.zeros_like(w0) for _ in range(num)]
@@ -141,7 +161,8 @@ def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
                 for i in range(num):
                     s, delta_residuals[i] = compress(anchor - ws[i], delta_residuals[i])
                     sent.append(s)
-                anchor = anchor - np.mean(sent, axis=0)
+                step, velocity = outer(np.mean(sent, axis=0), velocity)
+                anchor = anchor - step
                 ws = [anchor.copy() for _ in range(num)]
         history.append([w.copy() for w in ws])
         if drain_every and (t + 1) % drain_every == 0:

@@ -4,6 +4,8 @@ The model is a bias-free linear layer with MSE loss (a quadratic) trained with
 plain SGD; `reference.py` implements each paper's update rule independently.
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -205,3 +207,66 @@ def test_local_sgd_refuses_dgc_momentum_correction():
                                          r"DGC momentum correction \(compression momentum=0\.9\)"):
         tfdist_ext.Strategy(sync="local_sgd", num_replicas=2,
                             compression={"name": "topk", "momentum": 0.9})
+
+
+@pytest.mark.parametrize("policy, kind, outer_lr, momentum", [
+    ("diloco", "nesterov", 0.7, 0.9),
+    ({"name": "local_sgd", "outer_optimizer": "sgd", "outer_momentum": 0.5,
+      "outer_learning_rate": 0.8}, "sgd", 0.8, 0.5),
+    ({"name": "local_sgd", "outer_optimizer": "nesterov", "outer_learning_rate": 1.0},
+     "nesterov", 1.0, 0.0),
+])
+def test_outer_optimizers_follow_diloco(policy, kind, outer_lr, momentum):
+    steps, num = 10, 3
+    policy = sync.get(policy)
+    policy = dataclasses.replace(policy, period=3)
+    w0, history, final, strategy, rows = fit(policy, steps, num=num)
+    expected = reference.local_sgd_compressed(
+        w0, rows, steps, num, LR, 3, reference.exact,
+        outer=reference.outer_step(kind, outer_lr, momentum))
+    for t in range(steps):
+        _close(history[t], expected[t])
+    if momentum == 0 and outer_lr == 1.0:  # no momentum, rate 1: the plain average
+        plain = reference.local_sgd(w0, rows, steps, num, LR, 3)
+        for t in range(steps):
+            _close(history[t], plain[t])
+    _close(final, [np.mean(history[-1], axis=0)] * num)  # the drain at the end of fit
+    velocity = strategy.state.residuals["local_sgd_outer_0"]
+    assert len(velocity) == num and np.abs(velocity[0].numpy()).max() > 0
+
+
+def test_diloco_with_compression_and_its_state_in_checkpoints(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    steps, num = 9, 2
+    policy = sync.DiLoCo(period=3)
+    w0, history, _, strategy, rows = fit(policy, steps, num=num,
+                                         compression={"name": "topk", "ratio": 0.4})
+    expected = reference.local_sgd_compressed(
+        w0, rows, steps, num, LR, 3, reference.top_k_feedback(2),
+        outer=reference.outer_step("nesterov", 0.7, 0.9))
+    for t in range(steps):
+        _close(history[t], expected[t])
+    path = tf.train.Checkpoint(tfdist=strategy.state).save(str(tmp_path / "ckpt"))
+    restored = tfdist_ext.Strategy(sync=policy, num_replicas=num,
+                                   compression={"name": "topk", "ratio": 0.4})
+    fresh = restored.state
+    for key in ("local_sgd_outer_0", "local_sgd_anchor_0", "delta_b0_float32_5"):
+        for replica in range(num):
+            fresh.buffer(key, replica, 5, tf.float32)
+    tf.train.Checkpoint(tfdist=fresh).restore(path).assert_existing_objects_matched()
+    for key in ("local_sgd_outer_0", "local_sgd_anchor_0", "delta_b0_float32_5"):
+        for old, new in zip(strategy.state.residuals[key], fresh.residuals[key]):
+            np.testing.assert_array_equal(old.numpy(), new.numpy())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"outer_optimizer": "adam"},
+     r"Argument `outer_optimizer` must be one of 'none', 'sgd', 'nesterov'; received 'adam'"),
+    ({"outer_learning_rate": 0}, r"Argument `outer_learning_rate` must be a number > 0; "
+                                 r"received 0\. DiLoCo uses 0\.7"),
+    ({"outer_momentum": 1.0}, r"Argument `outer_momentum` must be in \[0, 1\); received 1\.0"),
+])
+def test_outer_optimizer_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        sync.get({"name": "diloco", **options})

@@ -16,6 +16,7 @@ RUNS = [
     {"sync": {"name": "stale_synchronous", "staleness": 2}, "sleep": 0.0},
     {"sync": {"name": "local_sgd", "period": 3}, "sleep": 0.0},
     {"sync": {"name": "local_sgd", "period": 3}, "compression": "powersgd", "sleep": 0.0},
+    {"sync": {"name": "diloco", "period": 3}, "sleep": 0.0},
     {"sync": {"name": "delayed_averaging", "delay": 2}, "sleep": 0.0},
     {"sync": {"name": "model_averaging", "learners_per_device": 2}, "sleep": 0.0},
 ]
@@ -47,5 +48,8 @@ def test_policies_on_two_workers(tmp_path):
             assert all(0 < s["bytes_sent"] < s["dense_bytes"] for s in stats), stats
         elif name == "local_sgd":
             assert all(s["sync_rounds"] == STEPS // 3 and s["reductions"] == 0 for s in stats)
+        elif name == "diloco":  # the outer gradients travel dense, counted
+            assert all(s["sync_rounds"] == s["reductions"] == STEPS // 3 for s in stats)
+            assert all(s["bytes_sent"] == s["dense_bytes"] > 0 for s in stats), stats
         else:
             assert all(s["sync_rounds"] == STEPS for s in stats), (name, stats)

@@ -5,6 +5,7 @@ name                      what is communicated
 ========================  =====================================================
 "sync"                    gradients, every step (Keras' own path)
 "local_sgd"               parameters, every `period` steps
+"diloco"                  parameter changes every `period` steps, outer Nesterov
 "stale_synchronous"       gradients, applied by others at most `staleness` late
 "delayed_averaging"       gradients, the average applied `delay` steps late
 "model_averaging"         model corrections of k learners per replica, every step
@@ -13,9 +14,10 @@ name                      what is communicated
 
 from tfdist_ext.sync.base import SYNC_POLICIES, Synchronous, SyncPolicy, get
 from tfdist_ext.sync.delayed_averaging import DelayedAveraging
+from tfdist_ext.sync.diloco import DiLoCo
 from tfdist_ext.sync.local_sgd import LocalSGD
 from tfdist_ext.sync.model_averaging import ModelAveraging
 from tfdist_ext.sync.stale_synchronous import StaleSynchronous
 
-__all__ = ["SYNC_POLICIES", "SyncPolicy", "Synchronous", "LocalSGD", "StaleSynchronous",
-           "DelayedAveraging", "ModelAveraging", "get"]
+__all__ = ["SYNC_POLICIES", "SyncPolicy", "Synchronous", "LocalSGD", "DiLoCo",
+           "StaleSynchronous", "DelayedAveraging", "ModelAveraging", "get"]

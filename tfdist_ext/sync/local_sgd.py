@@ -52,6 +52,8 @@ from tfdist_ext.registry import positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
 
+OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+
 
 @SYNC_POLICIES.register("local_sgd")
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +64,22 @@ class LocalSGD(SyncPolicy):
         period: H >= 1, steps between averaging rounds.
         warmup_steps: Synchronous steps first (>= 0).
         average_slots: Average the optimizer's slot variables too.
+        outer_optimizer: How a round moves the parameters by the averaged
+            change D = mean_r(a - w_r) since the last round: "none" (a -= D,
+            the plain average), "sgd" (v = m v + D; a -= lr v) or "nesterov"
+            (v = m v + D; a -= lr (D + m v)), as in DiLoCo (`sync="diloco"`).
+            The outer momentum v is per parameter, the same on every replica
+            and in the strategy state (checkpointed).
+        outer_learning_rate: lr above, > 0.
+        outer_momentum: m above, in [0, 1).
     """
 
     period: int = 4
     warmup_steps: int = 0
     average_slots: bool = True
+    outer_optimizer: str = "none"
+    outer_learning_rate: float = 1.0
+    outer_momentum: float = 0.0
     communicates = "parameters every `period` steps"
 
     def __post_init__(self):
@@ -75,6 +88,26 @@ class LocalSGD(SyncPolicy):
         if not isinstance(self.average_slots, bool):
             raise ValueError(f"Argument `average_slots` must be True or False; received "
                              f"{self.average_slots!r}.")
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise ValueError(
+                f"Argument `outer_optimizer` must be one of "
+                f"{', '.join(repr(o) for o in OUTER_OPTIMIZERS)}; received "
+                f"{self.outer_optimizer!r}. 'nesterov' is DiLoCo's outer step, 'none' the "
+                "plain average.")
+        rate, momentum = self.outer_learning_rate, self.outer_momentum
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise ValueError(f"Argument `outer_learning_rate` must be a number > 0; received "
+                             f"{rate!r}. DiLoCo uses 0.7; 1.0 with outer_momentum=0 is "
+                             "the plain average.")
+        if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                or not 0 <= momentum < 1):
+            raise ValueError(f"Argument `outer_momentum` must be in [0, 1); received "
+                             f"{momentum!r}. DiLoCo uses 0.9.")
+
+    @property
+    def sends_changes(self) -> bool:
+        """Whether rounds go through the parameter changes (always with an outer step)."""
+        return self.outer_optimizer != "none" or self.outer_learning_rate != 1
 
     def check_compression(self, compressor) -> None:
         """Every compressor applies to the pseudo-gradients but DGC momentum correction."""
@@ -98,8 +131,10 @@ class _LocalSGDRunner(PolicyRunner):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="local_sgd_rounds")
         strategy.state.sync_rounds = self.rounds
-        self.compressed = not isinstance(strategy.config.compression, NoCompression)
+        self.compressed = (not isinstance(strategy.config.compression, NoCompression)
+                           or policy.sends_changes)
         self._anchored = []  # the variables whose anchors exist, in key order
+        self._slot_variables = []  # the averaged slots, last in the averaged list
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         grads = _dense(grads)
@@ -113,8 +148,8 @@ class _LocalSGDRunner(PolicyRunner):
             grads = local
         self.apply(optimizer, grads, variables, learning_rate)
         averaged = list(variables)
-        if self.policy.average_slots:
-            averaged += _slots(optimizer)
+        self._slot_variables = _slots(optimizer) if self.policy.average_slots else []
+        averaged += self._slot_variables
         tf_variables = [_tf_variable(v) for v in averaged]
         tf.distribute.get_replica_context().merge_call(
             self._average_merge, args=(step, tf_variables))
@@ -181,14 +216,35 @@ class _LocalSGDRunner(PolicyRunner):
             sums = strategy.extended.batch_reduce_to(_compat.ReduceOp.SUM,
                                                      [(d, d) for d in deltas])
         updates = []
-        for variable, mine, summed in zip(variables, anchors, sums):
+        parameters = len(variables) - len(self._slot_variables)
+        for j, (variable, mine, summed) in enumerate(zip(variables, anchors, sums)):
             components = strategy.experimental_local_results(variable)
-            for a, c, total in zip(mine, components, strategy.experimental_local_results(summed)):
+            for i, (a, c, total) in enumerate(
+                    zip(mine, components, strategy.experimental_local_results(summed))):
                 with tf.device(c.device):
-                    new = (tf.reshape(a.read_value(), c.shape)
-                           - total / tf.cast(self.world_size, total.dtype))
-                    updates += [c.assign(new), a.assign(tf.reshape(new, [-1]))]
+                    change = tf.reshape(total / tf.cast(self.world_size, total.dtype), [-1])
+                    if j < parameters:
+                        change, outer_updates = self._outer_step(j, i, change)
+                        updates += outer_updates
+                    new = a.read_value() - change
+                    updates += [c.assign(tf.reshape(new, c.shape)), a.assign(new)]
         return updates
+
+    def _outer_step(self, j, replica, change):
+        """The step the outer optimizer takes for averaged change D of parameter j."""
+        policy = self.policy
+        if policy.outer_optimizer == "none":
+            step = change
+            updates = []
+        else:
+            velocity = self.strategy.state.buffer(f"local_sgd_outer_{j}", replica,
+                                                  change.shape.num_elements(), change.dtype)
+            momentum = tf.cast(policy.outer_momentum, change.dtype)
+            new_velocity = momentum * velocity.read_value() + change
+            step = new_velocity if policy.outer_optimizer == "sgd" else (
+                change + momentum * new_velocity)
+            updates = [velocity.assign(new_velocity)]
+        return tf.cast(policy.outer_learning_rate, change.dtype) * step, updates
 
     def _reset_anchors(self, strategy, variables):
         """Anchors := this replica's current values (all equal when this is called)."""
