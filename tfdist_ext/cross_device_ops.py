@@ -134,6 +134,12 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                                self.config.allreduce.candidates)
         return name
 
+    def dense_wire_bytes(self, num_elements, dtype):
+        """Bytes this worker's first replica sends to all-reduce such a buffer densely."""
+        itemsize = tf.as_dtype(dtype).size
+        algorithm = self.select_algorithm(num_elements * itemsize, itemsize, refine=False)
+        return self._wire_bytes(algorithm, num_elements, itemsize, 0)
+
     def _wire_bytes(self, algorithm, num_elements, itemsize, replica_id):
         rank = self.first_rank + replica_id
         return itemsize * cost.elements_sent(algorithm, self._group_size, rank, num_elements)

@@ -169,3 +169,16 @@ def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
             anchor = np.mean(ws, axis=0)
             ws = [anchor.copy() for _ in range(num)]
     return history
+
+
+def gossip(w0, rows, steps, num, lr, table, mixing):
+    """D-PSGD: own SGD step, then w_r = (1 - p m) w_r + m sum_j w_{(r - s_j(t)) mod N}."""
+    ws = [w0.copy() for _ in range(num)]
+    history = []
+    for t in range(steps):
+        ws = [w - lr * gradient(w, *rows(t, i)) for i, w in enumerate(ws)]
+        shifts = table[t % len(table)]
+        ws = [(1 - len(shifts) * mixing) * ws[r]
+              + mixing * sum(ws[(r - s) % num] for s in shifts) for r in range(num)]
+        history.append([w.copy() for w in ws])
+    return history

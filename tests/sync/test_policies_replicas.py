@@ -270,3 +270,69 @@ def test_diloco_with_compression_and_its_state_in_checkpoints(tmp_path):
 def test_outer_optimizer_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         sync.get({"name": "diloco", **options})
+
+
+@pytest.mark.parametrize("num, options", [
+    (2, {}),
+    (3, {}),
+    (4, {"peers": 2}),
+    (5, {"topology": "ring", "peers": 2, "mixing": 0.25}),
+    (5, {"topology": "random", "peers": 2, "seed": 3}),
+    (3, {"topology": "ring", "mixing": 0.5}),
+])
+def test_gossip_follows_d_psgd_on_the_graph_sequence(num, options):
+    steps = 7
+    policy = sync.Gossip(**options)
+    w0, history, final, strategy, rows = fit(policy, steps, num=num)
+    expected = reference.gossip(w0, rows, steps, num, LR, policy.shift_table(num),
+                                policy.weight)
+    for t in range(steps):
+        _close(history[t], expected[t])
+    if num > 2:  # two replicas mixing half and half are averaged every step
+        assert np.abs(np.asarray(history[-1][0]) - np.asarray(history[-1][1])).max() > 1e-6
+    _close(final, [np.mean(history[-1], axis=0)] * num)  # one model after fit
+    stats = strategy.communication_stats()
+    spread = np.sqrt(np.mean([np.sum((w - np.mean(history[-1], axis=0)) ** 2)
+                              for w in history[-1]]))
+    np.testing.assert_allclose(stats["consensus_distance"], spread, rtol=1e-4)
+    assert stats["sync_rounds"] == steps and stats["reductions"] == steps
+    # p peers x 5 float32 parameters per step, no all-reduce.
+    assert stats["bytes_sent"] == steps * policy.peers * 5 * 4
+
+
+def test_gossip_without_mixing_is_independent_training():
+    steps, num = 6, 3
+    w0, history, _, _, rows = fit(sync.Gossip(mixing=0.0), steps, num=num)
+    expected = reference.gossip(w0, rows, steps, num, LR, [[1]], 0.0)
+    for t in range(steps):
+        _close(history[t], expected[t])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"topology": "star"}, r"Argument `topology` must be one of 'exponential', 'ring', "
+                           r"'random'; received 'star'\."),
+    ({"topology": "ring", "peers": 3}, r"Argument `peers` must be 1 or 2 with "
+                                       r"topology='ring'"),
+    ({"peers": 2, "mixing": 0.6}, r"Argument `mixing` must be in \[0, 1 / peers\] = "
+                                  r"\[0, 0\.5\]; received 0\.6\."),
+    ({"peers": 0}, r"Argument `peers` must be an integer >= 1; received 0\."),
+])
+def test_gossip_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        sync.get({"name": "gossip", **options})
+
+
+def test_gossip_refuses_more_peers_than_the_graph_has():
+    with pytest.raises(ValueError, match=r"Argument `peers` = 2 is more than "
+                                         r"topology='exponential' offers with 2 replicas"):
+        fit(sync.Gossip(peers=2), 2, num=2)
+
+
+def test_gossip_on_the_graph_engine():
+    steps, num = 5, 3
+    policy = sync.Gossip(topology="random", peers=2, seed=1)
+    w0, history, _, _, rows = fit(policy, steps, num=num, engine="tf")
+    expected = reference.gossip(w0, rows, steps, num, LR, policy.shift_table(num),
+                                policy.weight)
+    for t in range(steps):
+        _close(history[t], expected[t])

@@ -17,6 +17,7 @@ RUNS = [
     {"sync": {"name": "local_sgd", "period": 3}, "sleep": 0.0},
     {"sync": {"name": "local_sgd", "period": 3}, "compression": "powersgd", "sleep": 0.0},
     {"sync": {"name": "diloco", "period": 3}, "sleep": 0.0},
+    {"sync": {"name": "gossip"}, "sleep": 0.0},
     {"sync": {"name": "delayed_averaging", "delay": 2}, "sleep": 0.0},
     {"sync": {"name": "model_averaging", "learners_per_device": 2}, "sleep": 0.0},
 ]
@@ -48,6 +49,11 @@ def test_policies_on_two_workers(tmp_path):
             assert all(0 < s["bytes_sent"] < s["dense_bytes"] for s in stats), stats
         elif name == "local_sgd":
             assert all(s["sync_rounds"] == STEPS // 3 and s["reductions"] == 0 for s in stats)
+        elif name == "gossip":  # one exchange with one peer per step, no all-reduce
+            assert all(s["sync_rounds"] == s["reductions"] == STEPS for s in stats), stats
+            # The whole model to one peer: what a ring all-reduce sends on 2 workers.
+            assert all(s["bytes_sent"] == s["dense_bytes"] > 0 for s in stats), stats
+            assert all(s["consensus_distance"] >= 0 for s in stats), stats
         elif name == "diloco":  # the outer gradients travel dense, counted
             assert all(s["sync_rounds"] == s["reductions"] == STEPS // 3 for s in stats)
             assert all(s["bytes_sent"] == s["dense_bytes"] > 0 for s in stats), stats
