@@ -85,11 +85,11 @@ class StrategyState(tf.Module):
         """Increments `replica`'s step counter; returns the step before it."""
         return self.steps[replica].assign_add(1) - 1
 
-    def count(self, bytes_sent, dense_bytes):
-        """Adds one reduction's byte counts (Python ints) to the counters."""
+    def count(self, bytes_sent, dense_bytes, reductions=1):
+        """Adds byte counts (ints or int64 scalars) and `reductions` to the counters."""
         return tf.group(self.bytes_sent.assign_add(bytes_sent),
                         self.dense_bytes.assign_add(dense_bytes),
-                        self.reductions.assign_add(1))
+                        self.reductions.assign_add(reductions))
 
     def stats(self):
         """Counters as Python numbers (eager)."""

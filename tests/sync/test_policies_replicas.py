@@ -158,6 +158,37 @@ def test_local_sgd_averages_optimizer_slots_when_asked(average_slots):
     assert np.array_equal(first, second) == average_slots
 
 
+def test_compressed_local_sgd_averages_slots_exactly_and_counts_them():
+    """Momentum is averaged uncompressed (error feedback on momentum diverges)."""
+    x, y = _data(6, 2)
+    strategy = tfdist_ext.Strategy(sync=sync.LocalSGD(period=3), num_replicas=2,
+                                   compression={"name": "topk", "ratio": 0.4})
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(1, use_bias=False)])
+        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss="mse")
+    slots = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            momentum = [v for v in model.optimizer.variables if "momentum" in v.path][0]
+            slots.append([c.numpy() for c in momentum.value.values])
+
+    model.fit(x.astype("float32"), y.astype("float32"), batch_size=2 * PER_REPLICA,
+              epochs=1, shuffle=False, verbose=0, callbacks=[Record()])
+    assert not np.array_equal(*slots[1])
+    np.testing.assert_array_equal(*slots[2])  # averaged after step 3
+    # Only the 5 weights' changes are compressed (a bucket of 10 would hold the momentum).
+    assert [k for k in strategy.state.residuals if k.startswith("delta_b")] == \
+        ["delta_b0_float32_5"]
+    stats = strategy.communication_stats()
+    # Per round: top-k of the 5 weights gathered (2 values + 2 indices from the other
+    # replica) and the 5 momentum values all-reduced densely.
+    dense_slots = strategy.extended._cross_device_ops.dense_wire_bytes(5, "float32")  # pylint: disable=protected-access
+    assert stats["bytes_sent"] == 2 * (16 + dense_slots)
+    assert stats["reductions"] == 2
+
+
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_local_sgd_sends_compressed_parameter_changes(warmup):
     steps, period, num = 10, 3, 3

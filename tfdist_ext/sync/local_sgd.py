@@ -31,10 +31,12 @@ the same everywhere) and the round computes
     w = a - compress-and-sum(d_r) / N   (error feedback per replica)
     a = w
 
-for the parameters and, with `average_slots`, the optimizer slots. With a
-lossless compressor this is the plain average. The compressor's warm-up
-counts rounds, and the warm-up steps of the policy all-reduce gradients
-through the same compressor.
+for the parameters. With a lossless compressor this is the plain average.
+Optimizer slots (with `average_slots`) are averaged uncompressed: error
+feedback on momentum makes training diverge (the delayed momentum is applied
+again through the parameters). The compressor's warm-up counts rounds, and
+the warm-up steps of the policy all-reduce gradients through the same
+compressor.
 
 Tuning: H = 2-8 keeps accuracy close to synchronous SGD for small models;
 larger H saves more but needs a warm-up of synchronous steps (a few epochs)
@@ -134,7 +136,7 @@ class _LocalSGDRunner(PolicyRunner):
         self.compressed = (not isinstance(strategy.config.compression, NoCompression)
                            or policy.sends_changes)
         self._anchored = []  # the variables whose anchors exist, in key order
-        self._slot_variables = []  # the averaged slots, last in the averaged list
+        self._num_slots = 0  # the averaged slots come last in the averaged list
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         grads = _dense(grads)
@@ -148,8 +150,9 @@ class _LocalSGDRunner(PolicyRunner):
             grads = local
         self.apply(optimizer, grads, variables, learning_rate)
         averaged = list(variables)
-        self._slot_variables = _slots(optimizer) if self.policy.average_slots else []
-        averaged += self._slot_variables
+        slots = _slots(optimizer) if self.policy.average_slots else []
+        self._num_slots = len(slots)
+        averaged += slots
         tf_variables = [_tf_variable(v) for v in averaged]
         tf.distribute.get_replica_context().merge_call(
             self._average_merge, args=(step, tf_variables))
@@ -167,14 +170,16 @@ class _LocalSGDRunner(PolicyRunner):
 
     def _average_merge(self, strategy, step, variables):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
+        parameters = variables[:len(variables) - self._num_slots]
+        slots = variables[len(parameters):]
+
         def average():
             if self.compressed:
-                updates = self._pseudo_gradient_round(strategy, variables)
+                updates = self._pseudo_gradient_round(strategy, parameters)
+                if slots:
+                    updates += self._dense_average(strategy, slots, counted=True)
             else:
-                with self.cross_ops.dense_reductions():
-                    means = strategy.extended.batch_reduce_to(
-                        _compat.ReduceOp.MEAN, [(v, v) for v in variables])
-                updates = [v.assign(m) for v, m in zip(variables, means)]
+                updates = self._dense_average(strategy, variables)
             with tf.control_dependencies(updates):
                 return self.rounds.assign_add(1)
 
@@ -183,12 +188,24 @@ class _LocalSGDRunner(PolicyRunner):
         idle = self.rounds.read_value
         if self.compressed and self.policy.warmup_steps:
             def follow():  # synchronous steps move the anchors along
-                with tf.control_dependencies(self._reset_anchors(strategy, variables)):
+                with tf.control_dependencies(self._reset_anchors(strategy, parameters)):
                     return self.rounds.read_value()
 
             idle = lambda: tf.cond(step < self.policy.warmup_steps, follow,  # noqa: E731
                                    self.rounds.read_value)
         return tf.cond(due, average, idle)
+
+    def _dense_average(self, strategy, variables, counted=False):
+        """Assignments of the plain average (uncompressed; counted if asked)."""
+        with self.cross_ops.dense_reductions():
+            means = strategy.extended.batch_reduce_to(
+                _compat.ReduceOp.MEAN, [(v, v) for v in variables])
+        updates = [v.assign(m) for v, m in zip(variables, means)]
+        if counted:
+            sent = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
+                       for v in variables)
+            updates.append(self.cross_ops.state.count(sent, sent, reductions=0))
+        return updates
 
     def _anchors(self, strategy, variables):
         """Per variable, the list of its local replicas' anchor variables (flat)."""
@@ -204,7 +221,7 @@ class _LocalSGDRunner(PolicyRunner):
         return anchors
 
     def _pseudo_gradient_round(self, strategy, variables):
-        """w = a - compress-and-sum(a - w_r) / N; a = w (see the module docstring)."""
+        """Parameters: w = a - outer(compress-and-sum(a - w_r) / N); a = w (module docstring)."""
         anchors = self._anchors(strategy, variables)
         deltas = []
         for variable, mine in zip(variables, anchors):
@@ -216,16 +233,14 @@ class _LocalSGDRunner(PolicyRunner):
             sums = strategy.extended.batch_reduce_to(_compat.ReduceOp.SUM,
                                                      [(d, d) for d in deltas])
         updates = []
-        parameters = len(variables) - len(self._slot_variables)
         for j, (variable, mine, summed) in enumerate(zip(variables, anchors, sums)):
             components = strategy.experimental_local_results(variable)
             for i, (a, c, total) in enumerate(
                     zip(mine, components, strategy.experimental_local_results(summed))):
                 with tf.device(c.device):
                     change = tf.reshape(total / tf.cast(self.world_size, total.dtype), [-1])
-                    if j < parameters:
-                        change, outer_updates = self._outer_step(j, i, change)
-                        updates += outer_updates
+                    change, outer_updates = self._outer_step(j, i, change)
+                    updates += outer_updates
                     new = a.read_value() - change
                     updates += [c.assign(tf.reshape(new, c.shape)), a.assign(new)]
         return updates
@@ -258,13 +273,7 @@ class _LocalSGDRunner(PolicyRunner):
         """Averages the parameters (base class), then re-anchors them there."""
         super().drain(model)
         if self.compressed and self._anchored:
-            parameters = {id(_tf_variable(v)) for v in model.trainable_variables}
-            for j, variable in enumerate(self._anchored):
-                if id(variable) in parameters:
-                    components = self.strategy.experimental_local_results(variable)
-                    for i, c in enumerate(components):
-                        self.strategy.state.residuals[f"local_sgd_anchor_{j}"][i].assign(
-                            tf.reshape(c.read_value(), [-1]))
+            self._reset_anchors(self.strategy, self._anchored)
 
     def stats(self):
         return {"sync_rounds": int(self.rounds.numpy())}
