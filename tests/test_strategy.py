@@ -84,10 +84,12 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native', 'all_to_all', "
      r"'butterfly', 'halving_doubling', 'master_worker', 'ring', 'round_robin', 'tree'"),
-    ({"compression": "topkk"}, ValueError, r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
+    ({"compression": "topkk"}, ValueError,
+     r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'powersgd', "
+     r"'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
     ({"sync": "async"}, ValueError,
-     r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'local_sgd', "
-     r"'model_averaging', 'stale_synchronous', 'sync'"),
+     r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'diloco', 'gossip', "
+     r"'local_sgd', 'model_averaging', 'stale_synchronous', 'sync'"),
     ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed', 'mgwfbp', 'wfbp'"),
     ({"bucketing": {"name": "mgwfbp", "profile_steps": 0}}, ValueError,
      r"Argument `profile_steps` must be an integer >= 1; received 0"),
