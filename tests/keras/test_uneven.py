@@ -21,7 +21,8 @@ from conftest import ROOT, launch, read_worker_json
 ALGORITHMS = ["native", *schedule.ALGORITHMS.names()]
 RELAXED = [{"name": "local_sgd", "period": 3}, {"name": "stale_synchronous", "staleness": 2},
            {"name": "delayed_averaging", "delay": 2},
-           {"name": "model_averaging", "learners_per_device": 2}]
+           {"name": "model_averaging", "learners_per_device": 2},
+           {"name": "diloco", "period": 3}, {"name": "gossip"}]
 
 
 def _fit_both(strategy, samples=uneven_checks.SAMPLES, epochs=2):
