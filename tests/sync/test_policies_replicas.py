@@ -353,6 +353,12 @@ def test_gossip_options_are_checked(options, message):
         sync.get({"name": "gossip", **options})
 
 
+def test_gossip_refuses_a_single_replica():
+    with pytest.raises(ValueError, match=r"sync='gossip' needs at least 2 replicas to exchange "
+                                         r"parameters; this strategy has 1\. Launch more"):
+        fit(sync.Gossip(), 2, num=1)
+
+
 def test_gossip_refuses_more_peers_than_the_graph_has():
     with pytest.raises(ValueError, match=r"Argument `peers` = 2 is more than "
                                          r"topology='exponential' offers with 2 replicas"):

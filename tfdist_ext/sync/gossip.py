@@ -113,8 +113,13 @@ class Gossip(SyncPolicy):
 
     def check_world_size(self, world_size):
         """Raises ValueError when the topology cannot give `peers` distinct peers."""
+        if world_size < 2:
+            raise ValueError(
+                f"sync='gossip' needs at least 2 replicas to exchange parameters; this "
+                f"strategy has {world_size}. Launch more workers (tfdist-run -np 2 ...), pass "
+                "num_replicas=2 or more, or use sync='sync' for a single replica.")
         table = self.shift_table(world_size)
-        if world_size > 1 and any(len(set(row)) < self.peers or 0 in row for row in table):
+        if any(len(set(row)) < self.peers or 0 in row for row in table):
             raise ValueError(
                 f"Argument `peers` = {self.peers} is more than topology={self.topology!r} "
                 f"offers with {world_size} replicas; use peers <= "
@@ -165,7 +170,7 @@ class _GossipRunner(PolicyRunner):
 
     def _mix_merge(self, strategy, step, variables):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
-        if self.world_size == 1 or not self.policy.weight:
+        if not self.policy.weight:
             return self.rounds.assign_add(1)
         row = tf.gather(tf.constant(self.table), step % len(self.table))
         engine = self.cross_ops.collective_engine()
