@@ -160,3 +160,21 @@ def test_missing_privilege_or_tools_say_what_and_how(monkeypatch, capsys):
     with pytest.raises(netbed.NetBedError,
                        match=r"needs `ip` and `tc` \(iproute2\); not found on PATH: tc\. "):
         netbed.check_available()
+
+
+@needs_netbed
+@pytest.mark.multiworker
+def test_ucx_engine_crosses_the_shaped_link(tmp_path):
+    from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
+
+    if ucx_ops.problem() is not None:
+        pytest.skip(f"the UCX engine is not built here: {ucx_ops.problem()}")
+    launcher = _launch("-np", 2, "--timeout", 120, "--link-bandwidth", "50mbit", "--",
+                       sys.executable, ROOT / "tests/workers/shaped_ucx.py", tmp_path)
+    out, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, out
+    results = read_worker_json(tmp_path, 2)
+    # A ring all-reduce of 4 MB on 2 workers sends 4 MB each way: >= 0.67 s at 50 Mbit
+    # (shared memory would take milliseconds).
+    assert all(r["ucx_tls"] == "tcp" and r["sum"] == 2.0 for r in results), results
+    assert all(r["seconds"] > 0.5 for r in results), results

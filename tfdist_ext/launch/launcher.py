@@ -120,7 +120,9 @@ class Launcher:
         env: Extra environment variables for every worker.
         out: Stream for the prefixed output and the launcher's messages.
         network: A `netbed.NetBed` that is set up (or None): worker i then runs
-            in its namespace and TF_CONFIG names the namespaces' addresses.
+            in its namespace and TF_CONFIG names the namespaces' addresses; UCX
+            is limited to TCP (``UCX_TLS=tcp`` unless set), so the native
+            engine's bytes cross the shaped links like TF's.
         max_restarts: How many times the whole job is started again after a
             worker fails (as torchrun's `--max-restarts`); each restart is
             printed with its cause, and workers see the attempt number in
@@ -173,6 +175,10 @@ class Launcher:
                        TFDIST_RESTART=str(self.restarts), **self.env)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env.setdefault("GRPC_VERBOSITY", "ERROR")
+            if self.network:
+                # Each namespace stands for a host: UCX must cross the shaped links
+                # over TCP, not take shared memory or CMA around them.
+                env.setdefault("UCX_TLS", "tcp")
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
