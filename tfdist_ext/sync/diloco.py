@@ -14,9 +14,9 @@ while communicating H = 500 times less.
 
 Tuning: keep the outer learning rate 0.7 and momentum 0.9 of the paper; raise
 H as far as accuracy allows (tens for small models and datasets, hundreds for
-long runs); with Adam as the inner optimizer keep `average_slots=False`. A
-compressor (`compression=`) compresses the outer gradients, with error
-feedback.
+long runs); with Adam as the inner optimizer keep `average_slots=False`.
+Compressing the outer gradients is not supported yet (a compressor is
+refused with a message).
 """
 
 import dataclasses

@@ -112,7 +112,18 @@ class LocalSGD(SyncPolicy):
         return self.outer_optimizer != "none" or self.outer_learning_rate != 1
 
     def check_compression(self, compressor) -> None:
-        """Every compressor applies to the pseudo-gradients but DGC momentum correction."""
+        """Every compressor applies to the plain average's changes but DGC momentum correction.
+
+        An outer optimizer (DiLoCo) takes no compressor yet.
+        """
+        if self.sends_changes and not isinstance(compressor, NoCompression):
+            raise ValueError(
+                f"Arguments `sync` and `compression` conflict: compressing the outer "
+                f"gradients of sync={self.name!r} (outer_optimizer="
+                f"{self.outer_optimizer!r}) is not supported yet (error feedback under "
+                "outer momentum diverges). Use sync='local_sgd' with compression="
+                f"{getattr(compressor, 'name', type(compressor).__name__)!r}, or "
+                f"sync={self.name!r} uncompressed.")
         if compressor.momentum:
             raise ValueError(
                 f"Arguments `sync` and `compression` conflict: sync={self.name!r} sends "
