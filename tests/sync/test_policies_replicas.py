@@ -95,6 +95,8 @@ def test_local_sgd_communicates_one_round_per_period():
     assert sync_rounds == steps
     assert local_stats["reductions"] == 0  # no gradient all-reduce at all
     assert local_stats["sync_rounds"] * period == sync_rounds
+    per_round = local.extended._cross_device_ops.dense_wire_bytes(5, "float32")  # pylint: disable=protected-access
+    assert local_stats["bytes_sent"] == local_stats["sync_rounds"] * per_round > 0
 
 
 @pytest.mark.parametrize("delay", [1, 2])

@@ -188,7 +188,7 @@ class _LocalSGDRunner(PolicyRunner):
             if self.compressed:
                 updates = self._pseudo_gradient_round(strategy, parameters)
                 if slots:
-                    updates += self._dense_average(strategy, slots, counted=True)
+                    updates += self._dense_average(strategy, slots)
             else:
                 updates = self._dense_average(strategy, variables)
             with tf.control_dependencies(updates):
@@ -206,16 +206,15 @@ class _LocalSGDRunner(PolicyRunner):
                                    self.rounds.read_value)
         return tf.cond(due, average, idle)
 
-    def _dense_average(self, strategy, variables, counted=False):
-        """Assignments of the plain average (uncompressed; counted if asked)."""
+    def _dense_average(self, strategy, variables):
+        """Assignments of the plain average (uncompressed), its bytes counted."""
         with self.cross_ops.dense_reductions():
             means = strategy.extended.batch_reduce_to(
                 _compat.ReduceOp.MEAN, [(v, v) for v in variables])
         updates = [v.assign(m) for v, m in zip(variables, means)]
-        if counted:
-            sent = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
-                       for v in variables)
-            updates.append(self.cross_ops.state.count(sent, sent, reductions=0))
+        sent = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
+                   for v in variables)
+        updates.append(self.cross_ops.state.count(sent, sent, reductions=0))
         return updates
 
     def _anchors(self, strategy, variables):
