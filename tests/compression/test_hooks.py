@@ -9,6 +9,7 @@ import tensorflow as tf
 import tfdist_ext
 from tfdist_ext import compression
 from tfdist_ext.compression import Bucket, Communicator
+from tests.compression.test_strategy_compression import _reduce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,19 +34,6 @@ class Recorder(compression.Compressor):
                              initial=lambda: tf.constant([10.0]))
         with tf.control_dependencies([calls.assign_add([1.0])]):
             return comm.all_reduce(bucket.flat)
-
-
-def _reduce(strategy, grads):
-    values = strategy.experimental_distribute_values_from_function(
-        lambda ctx: [tf.constant(g) for g in grads[ctx.replica_id_in_sync_group]])
-
-    @tf.function
-    def step(per_replica):
-        return strategy.run(
-            lambda v: tf.distribute.get_replica_context().all_reduce("SUM", v),
-            args=(per_replica,))
-
-    return [[t.numpy() for t in strategy.experimental_local_results(o)] for o in step(values)]
 
 
 def _grads(world):
