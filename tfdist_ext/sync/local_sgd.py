@@ -144,8 +144,8 @@ class _LocalSGDRunner(PolicyRunner):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="local_sgd_rounds")
         strategy.state.sync_rounds = self.rounds
-        self.compressed = (not isinstance(strategy.config.compression, NoCompression)
-                           or policy.sends_changes)
+        self.sends_changes = (not isinstance(strategy.config.compression, NoCompression)
+                             or policy.sends_changes)  # anchors and changes, not values
         self._anchored = []  # the variables whose anchors exist, in key order
         self._num_slots = 0  # the averaged slots come last in the averaged list
 
@@ -185,7 +185,7 @@ class _LocalSGDRunner(PolicyRunner):
         slots = variables[len(parameters):]
 
         def average():
-            if self.compressed:
+            if self.sends_changes:
                 updates = self._pseudo_gradient_round(strategy, parameters)
                 if slots:
                     updates += self._dense_average(strategy, slots)
@@ -197,7 +197,7 @@ class _LocalSGDRunner(PolicyRunner):
         due = tf.logical_and(step >= self.policy.warmup_steps,
                              (step + 1) % self.policy.period == 0)
         idle = self.rounds.read_value
-        if self.compressed and self.policy.warmup_steps:
+        if self.sends_changes and self.policy.warmup_steps:
             def follow():  # synchronous steps move the anchors along
                 with tf.control_dependencies(self._reset_anchors(strategy, parameters)):
                     return self.rounds.read_value()
@@ -282,7 +282,7 @@ class _LocalSGDRunner(PolicyRunner):
     def drain(self, model):
         """Averages the parameters (base class), then re-anchors them there."""
         super().drain(model)
-        if self.compressed and self._anchored:
+        if self.sends_changes and self._anchored:
             self._reset_anchors(self.strategy, self._anchored)
 
     def stats(self):
