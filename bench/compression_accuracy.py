@@ -3,9 +3,9 @@
     python bench/compression_accuracy.py --workers 2 --seeds 0,1,2,3,4 \
         --json docs/results/compression_accuracy.json
 
-Runs `examples/keras_fit.py` (mnist1d, 20 epochs, global batch 128) once per
-configuration and seed on `--workers` worker processes and records worker 0's
-test accuracy and the strategy's byte counters. Every configuration trains the
+Runs `examples/keras_fit.py` (mnist1d, 20 epochs, global batch 128; `--model cnn`
+or `mlp`) once per configuration and seed on `--workers` worker processes and
+records worker 0's test accuracy and the strategy's byte counters. Every configuration trains the
 same model on the same data and seeds with SGD and a cosine learning-rate
 decay; they differ only in how gradients travel and in where the momentum
 lives:
@@ -16,6 +16,9 @@ lives:
 * `topk_dgc`: top-k 1% with DGC momentum correction (momentum 0.9 and factor
   masking in the compressor) and plain SGD at lr 0.3: masking makes values
   sent every step move as in plain SGD, which needs the larger rate.
+* `powersgd`: the same optimizer as dense, PowerSGD rank 2 with error feedback
+  (reduce-compatible: two all-reduces per bucket); `powersgd_warmup` the same
+  after 155 dense steps (5 epochs of the CNN); `powersgd_r4` rank 4.
 
 Prints a table (mean, min, max accuracy; points against dense; compression
 ratio) and writes every run to JSON.
@@ -40,6 +43,10 @@ CONFIGS = {
     "topk": ["--lr", "0.01", "--compression", "topk"],
     "topk_dgc": ["--lr", "0.03", "--momentum", "0",
                  "--compression", '{"name": "topk", "momentum": 0.9}'],
+    "powersgd": ["--lr", "0.01", "--compression", "powersgd"],
+    "powersgd_warmup": ["--lr", "0.01", "--compression",
+                        '{"name": "powersgd", "warmup_steps": 155}'],
+    "powersgd_r4": ["--lr", "0.01", "--compression", '{"name": "powersgd", "rank": 4}'],
 }
 
 
@@ -50,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
+                        help="the example's model: cnn (~26k parameters) or mlp (~1.1M)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -65,7 +74,8 @@ def run_one(config, seed, args, out_dir):
     command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
                "--timeout", str(args.timeout), "--", sys.executable, str(EXAMPLE),
                "--verbose", "0", "--optimizer", "sgd", "--schedule", "cosine",
-               "--epochs", str(args.epochs), "--seed", str(seed), "--json", str(path),
+               "--epochs", str(args.epochs), "--model", args.model, "--seed", str(seed),
+               "--json", str(path),
                *CONFIGS[config]]
     subprocess.run(command, cwd=ROOT, check=True)
     return json.loads(pathlib.Path(str(path).format(worker=0)).read_text())

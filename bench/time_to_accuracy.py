@@ -15,7 +15,7 @@ collected; the summary per model gives each config's final accuracy, the time at
 which it first reaches the target (sync's final accuracy - 1 point) and how many
 times sooner than sync that is.
 
-Configs: sync (native all-reduce, dense), topk, qsgd, fp16, auto, or a JSON dict of
+Configs: sync (native all-reduce, dense), topk, qsgd, fp16, auto, powersgd, or a JSON dict of
 Strategy keyword arguments, e.g. '{"compression": {"name": "topk", "ratio": 0.1}}'.
 Models: cnn (the example's 1-D CNN, ~26k parameters, Adam 3e-3) and mlp (Dense
 40-1024-1024-10 with ReLU, ~1.1M parameters = 4.4 MB of float32 gradients, Adam 1e-3).
@@ -35,20 +35,16 @@ sys.path.insert(0, str(ROOT))
 from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
 
 CONFIGS = {"sync": {}, "topk": {"compression": "topk"}, "qsgd": {"compression": "qsgd"},
-           "fp16": {"compression": "fp16"}, "auto": {"allreduce": "auto"}}
+           "fp16": {"compression": "fp16"}, "auto": {"allreduce": "auto"},
+           "powersgd": {"compression": "powersgd"}}
 LEARNING_RATES = {"cnn": 3e-3, "mlp": 1e-3}
 GLOBAL_BATCH = 128
 
 
 def build(name, keras):
     """The Keras model called `name` ("cnn" or "mlp"), not compiled."""
-    if name == "cnn":
-        from examples.keras_fit import build_model  # pylint: disable=import-outside-toplevel
-        return build_model(keras)
-    return keras.Sequential([keras.Input((40,)),
-                             keras.layers.Dense(1024, activation="relu"),
-                             keras.layers.Dense(1024, activation="relu"),
-                             keras.layers.Dense(10)])
+    from examples.keras_fit import build_model  # pylint: disable=import-outside-toplevel
+    return build_model(keras, name)
 
 
 def strategy_kwargs(config):
