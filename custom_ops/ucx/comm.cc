@@ -62,20 +62,22 @@ ucp_context_h Context(std::string* error) {
 }
 
 template <typename T>
-void AddInto(char* dst, const char* src, int64_t n) {
-  T* d = reinterpret_cast<T*>(dst);
-  const T* s = reinterpret_cast<const T*>(src);
-  for (int64_t i = 0; i < n; ++i) d[i] = d[i] + s[i];
+void Add(char* dst, const char* a, const char* b, int64_t n) {
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  Eigen::Map<Array>(reinterpret_cast<T*>(dst), n) =
+      Eigen::Map<const Array>(reinterpret_cast<const T*>(a), n) +
+      Eigen::Map<const Array>(reinterpret_cast<const T*>(b), n);
 }
 
-void Reduce(DType dtype, char* dst, const char* src, int64_t n) {
+// dst = a + b elementwise; `a` may be `dst`.
+void Reduce(DType dtype, char* dst, const char* a, const char* b, int64_t n) {
   switch (dtype) {
-    case DType::kF16: return AddInto<Eigen::half>(dst, src, n);
-    case DType::kBF16: return AddInto<Eigen::bfloat16>(dst, src, n);
-    case DType::kF32: return AddInto<float>(dst, src, n);
-    case DType::kF64: return AddInto<double>(dst, src, n);
-    case DType::kI32: return AddInto<int32_t>(dst, src, n);
-    case DType::kI64: return AddInto<int64_t>(dst, src, n);
+    case DType::kF16: return Add<Eigen::half>(dst, a, b, n);
+    case DType::kBF16: return Add<Eigen::bfloat16>(dst, a, b, n);
+    case DType::kF32: return Add<float>(dst, a, b, n);
+    case DType::kF64: return Add<double>(dst, a, b, n);
+    case DType::kI32: return Add<int32_t>(dst, a, b, n);
+    case DType::kI64: return Add<int64_t>(dst, a, b, n);
   }
 }
 
@@ -115,12 +117,70 @@ std::string ParsePlan(const std::vector<int64_t>& flat, int world_size, Plan* pl
   return "";
 }
 
+// The element ranges of an out-of-place job's output that hold their current
+// value; everywhere else the current value is still the input's.
+class Comm::Written {
+ public:
+  explicit Written(const Job& job) : job_(job) {
+    if (job.input == nullptr) Add(0, job.num_elements);
+  }
+  bool All(int64_t start, int64_t stop) const {
+    for (const auto& r : ranges_)
+      if (r.first <= start && stop <= r.second) return true;
+    return false;
+  }
+  bool None(int64_t start, int64_t stop) const {
+    for (const auto& r : ranges_)
+      if (r.first < stop && start < r.second) return false;
+    return true;
+  }
+  void Add(int64_t start, int64_t stop) {
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& r : ranges_) {
+      if (r.second < start || stop < r.first) {
+        merged.push_back(r);
+      } else {
+        start = std::min(start, r.first);
+        stop = std::max(stop, r.second);
+      }
+    }
+    merged.emplace_back(start, stop);
+    std::sort(merged.begin(), merged.end());
+    ranges_ = std::move(merged);
+  }
+  // Copies the input into the unwritten parts of [start, stop).
+  void Fill(int64_t start, int64_t stop) {
+    int64_t cursor = start;
+    for (const auto& r : ranges_) {
+      if (r.second <= cursor || r.first >= stop) continue;
+      if (r.first > cursor) Copy(cursor, r.first);
+      cursor = r.second;
+    }
+    if (cursor < stop) Copy(cursor, stop);
+    Add(start, stop);
+  }
+  // The current value of [start, stop), which is either all written or none.
+  const char* Source(int64_t start, int64_t stop) const {
+    const char* base = All(start, stop) ? job_.data : job_.input;
+    return base + start * job_.itemsize;
+  }
+
+ private:
+  void Copy(int64_t start, int64_t stop) {
+    std::memcpy(job_.data + start * job_.itemsize, job_.input + start * job_.itemsize,
+                (stop - start) * job_.itemsize);
+  }
+  const Job& job_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // sorted, disjoint, not touching
+};
+
 struct Comm::Pending {
   Comm* comm;
   const Step* step;
   bool is_recv, deferred, done;
   char* dst;          // receive: where the bytes land
-  char* target;       // receive and add: the buffer range they are added to
+  char* target;       // receive and add: the output range they are added to
+  const char* addend; // receive and add: the range's current value (target or input)
   int64_t elements;
   ucs_status_t status;
   int* outstanding;
@@ -224,27 +284,105 @@ void Comm::Loop() {
       queue_.pop_front();
     }
     std::string error = error_;
+    std::shared_ptr<void> result = job.keep_alive;
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
-      error = Run(job, next_seq_++);
+      if (!job.in_process)
+        error = Run(job, next_seq_++);
+      else if (local_group_ == nullptr)
+        error = "an in-process all-reduce on a communicator outside a local group";
+      else
+        error = local_group_->AllReduce(local_index_, job, &result);
       if (!error.empty()) {
         error_ = error;
         retired_on_error_.push_back(job);
       }
     }
-    job.done(error);
+    job.done(error, result);
   }
+}
+
+void Comm::JoinLocal(std::shared_ptr<LocalGroup> group, int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  local_group_ = std::move(group);
+  local_index_ = index;
+}
+
+LocalGroup::LocalGroup(int size, double timeout_seconds)
+    : size_(size), timeout_seconds_(timeout_seconds), jobs_(size, nullptr) {}
+
+std::string LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<void>* result) {
+  const auto timeout = timeout_seconds_ > 0
+                           ? std::chrono::duration<double>(timeout_seconds_)
+                           : std::chrono::duration<double>(365.0 * 86400);
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t generation = generation_;
+  jobs_[index] = &job;
+  if (++arrived_ == size_) {
+    cv_.notify_all();
+  } else if (!cv_.wait_for(lock, timeout, [&] { return arrived_ == size_; })) {
+    std::ostringstream out;
+    out << "in-process all-reduce: no progress for " << timeout_seconds_
+        << " s, waiting for local replica(s)";
+    for (int i = 0; i < size_; ++i)
+      if (jobs_[i] == nullptr) out << " " << i;
+    // This member stays counted: the group is unusable from here on, like a
+    // communicator after a failed job.
+    return out.str();
+  }
+  const Job& leader = *jobs_[0];
+  std::string error;
+  for (const Job* other : jobs_)
+    if (other->num_elements != leader.num_elements || other->dtype != leader.dtype)
+      error = "in-process all-reduce: the local replicas disagree on the tensor (" +
+              std::to_string(other->num_elements) + " vs " +
+              std::to_string(leader.num_elements) + " elements, or the dtype)";
+  *result = leader.keep_alive;
+  lock.unlock();
+
+  if (error.empty()) {
+    const int64_t n = leader.num_elements, size = job.itemsize;
+    const int64_t lo = n * index / size_, hi = n * (index + 1) / size_;
+    constexpr int64_t kBlock = 1 << 14;  // elements per pass, kept in cache across inputs
+    auto source = [&](const Job* j) { return j->input != nullptr ? j->input : j->data; };
+    for (int64_t start = lo; start < hi; start += kBlock) {
+      const int64_t count = std::min(kBlock, hi - start);
+      char* dst = leader.data + start * size;
+      if (size_ == 1) {
+        if (dst != source(jobs_[0]) + start * size)
+          std::memcpy(dst, source(jobs_[0]) + start * size, count * size);
+        continue;
+      }
+      Reduce(leader.dtype, dst, source(jobs_[0]) + start * size,
+             source(jobs_[1]) + start * size, count);
+      for (int j = 2; j < size_; ++j)
+        Reduce(leader.dtype, dst, dst, source(jobs_[j]) + start * size, count);
+    }
+  }
+
+  lock.lock();
+  if (++finished_ == size_) {
+    arrived_ = finished_ = 0;
+    std::fill(jobs_.begin(), jobs_.end(), nullptr);
+    ++generation_;
+    cv_.notify_all();
+  } else {
+    cv_.wait(lock, [&] { return generation_ != generation; });
+  }
+  return error;
 }
 
 std::string Comm::Run(const Job& job, uint32_t seq) {
+  Written written(job);
   for (int r = 0; r < static_cast<int>(job.plan->rounds.size()); ++r) {
-    std::string error = RunRound(job, seq, r);
+    std::string error = RunRound(job, seq, r, &written);
     if (!error.empty()) return error;
   }
+  written.Fill(0, job.num_elements);
   return "";
 }
 
-std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
+std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Written* written) {
   const std::vector<Step>& steps = job.plan->rounds[round_index];
   const size_t itemsize = job.itemsize;
   int64_t segment = std::max<int64_t>(1, options_.segment_bytes / static_cast<int64_t>(itemsize));
@@ -267,6 +405,10 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
       scratch_bytes += (step.stop - step.start) * itemsize;
     }
   }
+  // Sends and adds then find their range either written or still the input's.
+  for (const Step& step : steps)
+    if (step.kind != kRecvCopy && !written->All(step.start, step.stop) && !written->None(step.start, step.stop))
+      written->Fill(step.start, step.stop);
   if (static_cast<int64_t>(scratch_.size()) < scratch_bytes) scratch_.resize(scratch_bytes);
 
   auto* pending = new std::vector<Pending>();  // leaked on failure: UCX may still write
@@ -287,6 +429,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
     p.outstanding = &outstanding;
     p.job = &job;
     p.target = job.data + start * itemsize;
+    p.addend = written->Source(start, stop);
     const size_t bytes = (stop - start) * itemsize;
     ucp_request_param_t param = {};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -308,7 +451,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
       uint32_t message = sent[step.peer]++;
       if (endpoints_[step.peer] == nullptr)
         return "no endpoint to rank " + std::to_string(step.peer) + " (not connected)";
-      request = ucp_tag_send_nbx(endpoints_[step.peer], p.target, bytes,
+      request = ucp_tag_send_nbx(endpoints_[step.peer], p.addend, bytes,
                                  Tag(rank_, seq, round_index, message), &param);
     }
     if (UCS_PTR_IS_ERR(request)) {
@@ -319,7 +462,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
       p.done = true;
       p.status = UCS_OK;
       if (p.is_recv && !p.deferred && step.kind == kRecvReduce)
-        Reduce(job.dtype, p.target, p.dst, p.elements);
+        Reduce(job.dtype, p.target, p.addend, p.dst, p.elements);
     } else {
       ++outstanding;
     }
@@ -346,13 +489,20 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index) {
   if (!error.empty()) return error;  // `pending` stays allocated
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
-    if (step.kind == kSend || !deferred[i]) continue;
-    char* target = job.data + step.start * itemsize;
-    const char* source = scratch_.data() + scratch_offset[i];
-    if (step.kind == kRecvReduce)
-      Reduce(job.dtype, target, source, step.stop - step.start);
-    else
-      std::memcpy(target, source, (step.stop - step.start) * itemsize);
+    if (step.kind == kSend) continue;
+    if (deferred[i]) {
+      char* target = job.data + step.start * itemsize;
+      const char* source = scratch_.data() + scratch_offset[i];
+      if (step.kind == kRecvReduce) {
+        if (!written->All(step.start, step.stop) && !written->None(step.start, step.stop))
+          written->Fill(step.start, step.stop);
+        Reduce(job.dtype, target, written->Source(step.start, step.stop), source,
+               step.stop - step.start);
+      } else {
+        std::memcpy(target, source, (step.stop - step.start) * itemsize);
+      }
+    }
+    written->Add(step.start, step.stop);
   }
   delete pending;
   return "";
@@ -425,7 +575,7 @@ void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*
   if (status == UCS_OK && info != nullptr && info->length != expected)
     p->status = UCS_ERR_MESSAGE_TRUNCATED;
   if (p->status == UCS_OK && !p->deferred && p->step->kind == kRecvReduce)
-    Reduce(p->job->dtype, p->target, p->dst, p->elements);
+    Reduce(p->job->dtype, p->target, p->addend, p->dst, p->elements);
   if (p->status != UCS_OK) p->comm->bad_ = p;
   p->done = true;
   --*p->outstanding;

@@ -10,10 +10,20 @@
 //   kind: 0 = send, 1 = receive and add, 2 = receive and overwrite.
 //
 // Semantics are the schedule contract: sends read the buffer as it was at the
-// start of the round, receives are applied in the order listed. Each step is
+// start of the round, receives are applied in the order listed. A job may run
+// out of place: it then reads `input` wherever the plan has not yet written the
+// output (a first receive-and-add writes input + received), so the input is
+// never copied as a whole. Each step is
 // cut into segments of at most `segment_bytes`, all posted at once, and a
 // received segment is reduced as soon as it arrives when nothing else in the
 // round touches its range (transfer and reduction overlap).
+//
+// In-process all-reduce: when every rank lives in this process (logical CPU
+// replicas), their communicators form a `LocalGroup` and an all-reduce job
+// marked `in_process` skips the wire: each rank's executor thread sums its
+// 1/N-th of the elements over all ranks' inputs straight into local rank 0's
+// output, which then becomes every rank's result (one shared buffer, so the
+// result is bit-identical on every rank and there is no all-gather).
 //
 // Progress: the executor thread sleeps on a condition variable while it has no
 // job. Inside a job it polls the UCP worker for up to `spin_us` microseconds
@@ -60,11 +70,35 @@ struct Job {
   std::shared_ptr<const Plan> plan;
   DType dtype;
   size_t itemsize;
-  char* data;
+  char* data;                  // the output (and the input when `input` is null)
+  const char* input = nullptr;  // out of place: the input, left unchanged
   int64_t num_elements;
   std::string name;  // profiler label, e.g. "tfdist/ring/b0"
+  bool in_process = false;  // an all-reduce over the `LocalGroup`; `plan` unused
   std::shared_ptr<void> keep_alive;  // owns `data` until the job is retired
-  std::function<void(const std::string& error)> done;  // error empty on success
+  // Called when the job is retired: `error` is empty on success, and
+  // `result` is the `keep_alive` of the job whose `data` holds the result
+  // (this job's own, or local rank 0's for an in-process all-reduce).
+  std::function<void(const std::string& error, const std::shared_ptr<void>& result)> done;
+};
+
+// The communicators of the ranks of one process, for in-process all-reduces.
+class LocalGroup {
+ public:
+  LocalGroup(int size, double timeout_seconds);
+  // Member `index`'s part of the group's next in-process all-reduce; every
+  // member calls it once per such job, in the same order. Returns an error
+  // or "", and sets `*result` to the keep_alive of the job holding the sum.
+  std::string AllReduce(int index, const Job& job, std::shared_ptr<void>* result);
+
+ private:
+  const int size_;
+  const double timeout_seconds_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // completed all-reduces
+  int arrived_ = 0, finished_ = 0;
+  std::vector<const Job*> jobs_;
 };
 
 struct CommOptions {
@@ -89,14 +123,19 @@ class Comm {
   std::string Connect(const std::vector<std::string>& addresses);
   // Queues a job; `job.done` is called from the executor thread.
   void Submit(Job job);
+  // Makes this rank member `index` of `group` (before any in-process job).
+  void JoinLocal(std::shared_ptr<LocalGroup> group, int index);
+  // Member index in the local group, or -1 when not in one.
+  int local_index() const { return local_index_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
 
  private:
   struct Pending;
+  class Written;
   void Loop();
   std::string Run(const Job& job, uint32_t seq);
-  std::string RunRound(const Job& job, uint32_t seq, int round_index);
+  std::string RunRound(const Job& job, uint32_t seq, int round_index, Written* written);
   std::string Wait(std::vector<Pending>& pending, const int& outstanding, const Job& job,
                    int round_index);
 
@@ -114,6 +153,8 @@ class Comm {
   std::string error_;  // once set, the communicator is unusable (executor thread only)
   std::vector<char> scratch_;
   std::vector<Job> retired_on_error_;  // buffers UCX may still touch after a failure
+  std::shared_ptr<LocalGroup> local_group_;
+  int local_index_ = -1;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -29,6 +29,11 @@ def _run(strategy, replica_fn):
     fn = tf.function(lambda x: strategy.run(replica_fn, args=(x,)))
     results = [tuple([t.numpy() for t in part] for part in r)
                for r in strategy.experimental_local_results(fn(inputs))]
+    # The per-tensor SUM reads buffers the caller still holds: out of place.
+    for rank, held in enumerate(strategy.experimental_local_results(inputs)):
+        for k, (x, ref) in enumerate(zip(held, _numpy_inputs(rank))):
+            np.testing.assert_array_equal(x.numpy().astype(ref.dtype), ref,
+                                          err_msg=f"input {k} of replica {rank} was changed")
     return results, fn.get_concrete_function(inputs).graph
 
 

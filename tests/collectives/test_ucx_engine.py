@@ -97,6 +97,68 @@ def test_gather_broadcast_and_start_wait_across_three_replicas():
                                           3 * base + 30)
 
 
+@needs_ucx
+def test_started_reductions_keep_their_input_across_function_calls():
+    """Tickets outlive the step that started them; the kept input is the original."""
+    strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3)
+    engine = strategy.extended._cross_device_ops.collective_engine()  # pylint: disable=protected-access
+    n = (1 << 20) + 3  # several segments per step
+
+    @tf.function
+    def start(scale):
+        tickets = []
+        for i in range(3):
+            with tf.device(engine.devices[i]):
+                x = tf.range(n, dtype=tf.float32) * scale + i  # forwardable: still out of place
+                tickets.append(engine.start(x, i, "ring", keep_input=True))
+        return tf.stack(tickets)
+
+    @tf.function
+    def wait(tickets):
+        return [engine.wait(tickets[i], i, n, tf.float32, with_input=True) for i in range(3)]
+
+    first, second = start(tf.constant(1.0)), start(tf.constant(2.0))
+    assert engine.finished(tf.concat([first, second], 0)).numpy().shape == (6,)
+    base = np.arange(n, dtype=np.float32)
+    for tickets, scale in ((second, 2.0), (first, 1.0)):  # any order
+        for i, (total, own) in enumerate(wait(tickets)):
+            np.testing.assert_array_equal(own.numpy(), base * scale + i)
+            np.testing.assert_array_equal(total.numpy(), 3 * (base * scale) + 3)
+    assert engine.finished(first).numpy().all()  # awaited tickets count as finished
+
+    @tf.function
+    def start_plain():
+        return tf.stack([engine.start(tf.ones([4]), i, "ring") for i in range(3)])
+
+    plain = start_plain()
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="did not keep its input .*keep_input=True"):
+        engine.wait(plain[0], 0, 4, tf.float32, with_input=True)
+    for i in (1, 2):
+        np.testing.assert_array_equal(engine.wait(plain[i], i, 4, tf.float32).numpy(), 3.0)
+
+
+@needs_ucx
+def test_in_process_sum_shares_one_buffer_and_names_a_missing_replica():
+    # Its own timeout gives this test its own communicators (it breaks them).
+    strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3,
+                                   allreduce={"name": "ring", "timeout_seconds": 1.5})
+    engine = strategy.extended._cross_device_ops.collective_engine()  # pylint: disable=protected-access
+    assert engine.in_process
+
+    @tf.function
+    def reduce(replicas):
+        return [engine.all_reduce(tf.identity(tf.fill([7], float(i + 1))), i, "ring")
+                for i in replicas]
+
+    for out in reduce([0, 1, 2]):
+        np.testing.assert_array_equal(out.numpy(), 6.0)
+    with pytest.raises(tf.errors.OpError,  # TF reports it as InternalError in a function
+                       match=r"rank [01] of 3: in-process all-reduce: no progress for 1.5 s, "
+                             r"waiting for local replica\(s\) 2"):
+        reduce([0, 1])
+
+
 def test_missing_library_names_the_fix(monkeypatch):
     monkeypatch.setattr(ucx_ops, "_library_path", lambda: None)
     problem = ucx_ops.problem()

@@ -17,6 +17,13 @@ coordination-service key-value store (every TF_CONFIG job has one) and create
 endpoints from the peers' addresses; replicas of one process exchange them
 directly. No port, service or environment variable is needed.
 
+When every rank is a replica of this process (logical CPU replicas), an
+all-reduce skips the wire whatever the algorithm: the communicators form a
+local group, each rank's thread sums its share of the elements over all
+replicas' buffers into one output, and that one buffer is every replica's
+result (bit-identical by construction). All-gather, broadcast and gossip
+exchanges still run their schedules.
+
 Tuning:
     * `segment_bytes` (1 MB): smaller segments overlap reduction and transfer
       sooner, larger ones cost fewer messages. 256 KB-4 MB all do well.
@@ -98,6 +105,7 @@ class UcxEngine:
         self._plans = {}
         self._tokens = []
         self._handles = []
+        self.in_process = world_size == len(self.devices) > 1
         with _compat.init_scope():
             addresses = []
             for i, device in enumerate(self.devices):
@@ -112,6 +120,9 @@ class UcxEngine:
             everyone = self._exchange(addresses)
             for handle in self._handles:
                 self._ops.tfdist_ucx_connect(handle, tf.constant(everyone))
+            if self.in_process:
+                self._ops.tfdist_ucx_join_local(tf.constant(self._handles, tf.int64),
+                                                timeout_seconds=float(timeout_seconds or 0.0))
 
     def _exchange(self, mine):
         """All ranks' addresses, in rank order (KV store across workers)."""
@@ -158,23 +169,31 @@ class UcxEngine:
                 f"received {flat.dtype.name}.")
         return n
 
-    def _run(self, flat, local_index, plan, label):
+    def _run(self, flat, local_index, plan, label, in_process=False):
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_run(
                 flat, self._tokens[local_index].handle, handle=self._handles[local_index],
-                plan=plan, label=label)
+                plan=plan, label=label, in_process=in_process)
+
+    def _sums_in_process(self, algorithm):
+        # A registered all-reduce (a name); a schedule object such as gossip's
+        # exchange is not a sum and always runs as written.
+        return self.in_process and isinstance(algorithm, str)
 
     def all_reduce(self, flat, local_index, algorithm, label=None):
         """Sums the 1-D `flat` over all ranks with `algorithm`'s schedule.
 
         Call for every local replica, on every worker, in the same order.
+        `algorithm` may also be a `Schedule`-returning object (run as written).
         """
         n = self._check(flat)
         if self.world_size == 1 or n == 0:
             return flat
         rank = self.first_rank + local_index
-        return self._run(flat, local_index, self._plan("all_reduce", algorithm, rank, n),
-                         label or f"tfdist/{algorithm}")
+        label = label or f"tfdist/{algorithm}"
+        if self._sums_in_process(algorithm):
+            return self._run(flat, local_index, [0], label, in_process=True)
+        return self._run(flat, local_index, self._plan("all_reduce", algorithm, rank, n), label)
 
     def all_gather(self, flat, local_index, label="tfdist/allgather"):
         """Concatenates every rank's 1-D `flat` (equal lengths) in rank order."""
@@ -197,19 +216,37 @@ class UcxEngine:
         rank = self.first_rank + local_index
         return self._run(flat, local_index, self._plan("broadcast", root, rank, n), label)
 
-    def start(self, flat, local_index, algorithm, label=None):
-        """Starts `all_reduce`; returns a ticket for `wait` (any later step)."""
+    def start(self, flat, local_index, algorithm, label=None, keep_input=False):
+        """Starts `all_reduce`; returns a ticket for `wait` (any later step).
+
+        Args:
+            keep_input: Also keep `flat` for ``wait(..., with_input=True)``
+                (the reduction then runs out of place).
+        """
         n = self._check(flat)
         rank = self.first_rank + local_index
-        plan = self._plan("all_reduce", algorithm, rank, n) if self.world_size > 1 else [0]
+        in_process = self._sums_in_process(algorithm) and n > 0
+        plan = ([0] if self.world_size == 1 or n == 0 or in_process
+                else self._plan("all_reduce", algorithm, rank, n))
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_start(
                 flat, self._tokens[local_index].handle, handle=self._handles[local_index],
-                plan=plan, label=label or f"tfdist/{algorithm}")
+                plan=plan, label=label or f"tfdist/{algorithm}", keep_input=keep_input,
+                in_process=in_process)
 
-    def wait(self, ticket, local_index, num_elements, dtype):
-        """The result of the collective `ticket` (each ticket is awaited once)."""
+    def wait(self, ticket, local_index, num_elements, dtype, with_input=False):
+        """The result of the collective `ticket` (each ticket is awaited once).
+
+        With `with_input`, returns ``(result, input)``: the started tensor too
+        (the ticket must come from ``start(..., keep_input=True)``).
+        """
         with tf.device(self.devices[local_index]):
-            return self._ops.tfdist_ucx_wait(ticket, self._tokens[local_index].handle,
-                                             T=dtype, num_elements=num_elements)
+            result, kept = self._ops.tfdist_ucx_wait(
+                ticket, self._tokens[local_index].handle, T=dtype,
+                num_elements=num_elements, with_input=with_input)
+        return (result, kept) if with_input else result
+
+    def finished(self, tickets):
+        """Bool per ticket: its collective finished (or was already awaited); no waiting."""
+        return self._ops.tfdist_ucx_finished(tickets)
 
