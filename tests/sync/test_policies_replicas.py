@@ -99,10 +99,15 @@ def test_local_sgd_communicates_one_round_per_period():
     assert local_stats["bytes_sent"] == local_stats["sync_rounds"] * per_round > 0
 
 
+ENGINES = ["ucx", "tf"]  # start/wait tickets; background thread
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("delay", [1, 2])
-def test_delayed_averaging_follows_the_paper(delay):
+def test_delayed_averaging_follows_the_paper(delay, engine):
     steps = 7
-    w0, history, final, strategy, rows = fit(sync.DelayedAveraging(delay=delay), steps)
+    w0, history, final, strategy, rows = fit(sync.DelayedAveraging(delay=delay), steps,
+                                             engine=engine)
     expected, drained = reference.delayed_averaging(w0, rows, steps, 2, LR, delay)
     for t in range(steps):
         _close(history[t], expected[t])
@@ -112,17 +117,21 @@ def test_delayed_averaging_follows_the_paper(delay):
     assert strategy.communication_stats()["sync_rounds"] == steps
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("staleness", [1, 2])
-def test_stale_synchronous_follows_ssp(staleness):
+def test_stale_synchronous_follows_ssp(staleness, engine):
     steps = 7
     w0, history, final, strategy, rows = fit(sync.StaleSynchronous(staleness=staleness),
-                                             steps, num=3)
+                                             steps, num=3, engine=engine)
     expected, drained = reference.stale_synchronous(w0, rows, steps, 3, LR, staleness)
     for t in range(steps):
         _close(history[t], expected[t])
     _close(final, [drained] * 3)
+    inflight = type(strategy.sync_runner.inflight).__name__
+    assert inflight == {"ucx": "InflightTickets", "tf": "InflightReductions"}[engine]
     stats = strategy.communication_stats()
-    assert 0 <= stats["staleness_max"] <= staleness
+    assert 1 <= stats["staleness_max"] <= staleness
+    assert stats["sync_rounds"] == steps
 
 
 def test_model_averaging_follows_crossbow():
@@ -136,10 +145,12 @@ def test_model_averaging_follows_crossbow():
     assert strategy.communication_stats()["sync_rounds"] == steps
 
 
-def test_drain_at_every_epoch_keeps_training_consistent():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_drain_at_every_epoch_keeps_training_consistent(engine):
     # Two epochs: the drain at the end of the first resets the pipeline.
     steps = 4
-    _, _, final, strategy, _ = fit(sync.DelayedAveraging(delay=2), steps, epochs=2)
+    _, _, final, strategy, _ = fit(sync.DelayedAveraging(delay=2), steps, epochs=2,
+                                   engine=engine)
     np.testing.assert_array_equal(final[0], final[1])
     assert strategy.communication_stats()["sync_rounds"] == 2 * steps
 

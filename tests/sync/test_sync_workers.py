@@ -41,7 +41,7 @@ def test_policies_on_two_workers(tmp_path):
         elif name == "stale_synchronous":
             assert all(s["sync_rounds"] == STEPS for s in stats)
             # The lead over the slowest worker never exceeds s = 2 ...
-            assert all(0 <= s["staleness_max"] <= 2 for s in stats), stats
+            assert all(1 <= s["staleness_max"] <= 2 for s in stats), stats
             # ... and the pipeline was used (a worker ran ahead of a reduction).
             assert max(s["staleness_mean"] for s in stats) > 0, stats
         elif name == "local_sgd" and "compression" in spec:  # parameter changes, compressed

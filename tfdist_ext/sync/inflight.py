@@ -1,4 +1,4 @@
-"""Reductions started in one training step and awaited in a later one.
+"""Reductions started in one training step and awaited in a later one (graph engine).
 
 Stale-synchronous training and delayed averaging need a reduction launched at
 step t to run while steps t+1, ..., t+s compute, and to be awaited at step t+s.
@@ -15,12 +15,13 @@ returns, so the step cannot hold a collective open. The split here:
 * ``wait`` (in step t + delay) blocks until that round is done and returns
   the sum and this replica's own contribution.
 
-Why not a C++ start/wait op pair holding TF collectives in a resource: TF's
-collective executors, and the rendezvous of remote collectives, are scoped to
-the step that launched them (cleaned up when it ends), and a transport of our
-own would duplicate TF's. The background call keeps TF's transport and our
-all-reduce algorithms, and the overlap is real: the collectives of round t run
-on TF's threads while the main thread executes steps t+1, ....
+This is the graph engine's version: TF's collective executors, and the
+rendezvous of remote collectives, are scoped to the step that launched them, so
+a reduction cannot stay open across steps there. The background call keeps
+TF's transport and our all-reduce algorithms, and the overlap is real: the
+collectives of round t run on TF's threads while the main thread executes
+steps t+1, .... With the UCX engine, `tickets.InflightTickets` uses its
+start/wait ops instead.
 
 Only one ``wait`` blocks at a time (numpy functions are stateful, so automatic
 control dependencies run them in program order), which leaves TF's inter-op
@@ -172,11 +173,11 @@ class InflightReductions:
             self._rounds = {}
         return {step: (self._result(r, step), r.contributions) for step, r in rounds}
 
-    def take_leads(self):
-        """Observed leads since the last call (list of ints)."""
+    def lead_stats(self):
+        """(last, max, mean) lead; the mean covers the steps since the last call."""
         with self._lock:
             leads, self._leads = self._leads, []
-        return leads
+        return self.last_lead, self.max_lead, float(np.mean(leads)) if leads else 0.0
 
 
 class _Round:

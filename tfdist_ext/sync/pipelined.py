@@ -1,7 +1,8 @@
 """Shared runner of the two policies that apply a gradient reduction steps late.
 
-Both start the all-reduce of step t's gradients at step t (`InflightReductions`)
-and apply its result at step t + d, while each replica keeps stepping with its
+Both start the all-reduce of step t's gradients at step t and apply its result
+at step t + d (on the UCX engine's start/wait ops, `InflightTickets`; on the
+graph engine through a background thread, `InflightReductions`), while each replica keeps stepping with its
 own fresh gradient. In Keras' scaling (every replica's gradient k_i is its own
 mean gradient g_i divided by the number of replicas N, so that sum_i k_i is
 the global mean gradient) the gradient applied at step t on replica i is
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from tfdist_ext.collectives import fusion
 from tfdist_ext.sync.inflight import InflightReductions
+from tfdist_ext.sync.tickets import InflightTickets
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
 
 
@@ -42,9 +44,12 @@ class PipelinedRunner(PolicyRunner):
         self.local_scale = local_scale
         timeout = strategy.extended._communication_options.timeout_seconds  # pylint: disable=protected-access
         background = strategy.extended.background_cross_device_ops()
-        self.inflight = InflightReductions(tf.function(background.reduce_buffers),
-                                           self.num_local, delay,
-                                           timeout_seconds=timeout or 600.0)
+        if background.config.engine == "ucx":
+            self.inflight = InflightTickets(background, self.num_local, delay)
+        else:
+            self.inflight = InflightReductions(tf.function(background.reduce_buffers),
+                                               self.num_local, delay,
+                                               timeout_seconds=timeout or 600.0)
         self._restore = None
 
     def update_step(self, optimizer, grads, variables, learning_rate):
@@ -86,8 +91,6 @@ class PipelinedRunner(PolicyRunner):
                 component.assign_sub(tf.cast(learning_rate, component.dtype) * correction)
 
     def stats(self):
-        leads = self.inflight.take_leads()
-        return {"sync_rounds": self.inflight.rounds_started,
-                "staleness": self.inflight.last_lead,
-                "staleness_max": self.inflight.max_lead,
-                "staleness_mean": float(np.mean(leads)) if leads else 0.0}
+        last, most, mean = self.inflight.lead_stats()
+        return {"sync_rounds": self.inflight.rounds_started, "staleness": last,
+                "staleness_max": most, "staleness_mean": mean}
