@@ -1,9 +1,10 @@
 """A worker that dies or hangs during a UCX-engine fit never leaves the others hanging.
 
-Plain TF_CONFIG processes (no launcher to stop the rest): worker 1 is killed
-(SIGKILL) or frozen (SIGSTOP) once training runs; worker 0 must exit non-zero
-within the engine's 30 s progress timeout (plus TF's own shutdown), with an
-error that names the missing peer.
+Worker 1 is killed (SIGKILL) or frozen (SIGSTOP) once training runs, as plain
+TF_CONFIG processes (no launcher to stop the rest) and under `tfdist-run`;
+worker 0 must exit non-zero within 30 s, with an error that names the missing
+peer. The workers use a 15 s progress timeout; the rest is TF's error path
+and exit.
 """
 
 import os
@@ -14,19 +15,21 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, launch
 from tfdist_ext.launch import free_ports, tf_configs
 from tfdist_ext.ops import ucx as ucx_ops
 
 pytestmark = [pytest.mark.multiworker,
               pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")]
 WORKER = ROOT / "tests" / "workers" / "ucx_fit.py"
-LIMIT_SECONDS = 30 + 15  # the engine's timeout, plus TF's error path and exit
+ENGINE_TIMEOUT = 15
+LIMIT_SECONDS = 30
 
 
 def _start(configs, index, log):
     env = dict(os.environ, TF_CONFIG=configs[index], PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, str(WORKER), "100000"], env=env, cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(WORKER), "100000", str(ENGINE_TIMEOUT)],
+                            env=env, cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -66,3 +69,16 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig):
             worker.wait()
         for f in files:
             f.close()
+
+
+@pytest.mark.parametrize("sig", ["kill", "stop"])
+def test_launcher_job_fails_in_bounded_time_naming_the_peer(tmp_path, sig):
+    stamp = tmp_path / "signalled"
+    code, out, _ = launch(2, [WORKER, 100000, ENGINE_TIMEOUT, sig, stamp], timeout=240)
+    took = time.time() - float(stamp.read_text())
+    assert code != 0, out[-3000:]
+    assert took < LIMIT_SECONDS, (took, out[-3000:])
+    if sig == "stop":  # worker 0 itself found the frozen peer
+        assert "rank(s) 1" in out or "task:1" in out, out[-3000:]
+    else:  # the launcher saw worker 1 die and names it
+        assert "worker 1" in out, out[-3000:]

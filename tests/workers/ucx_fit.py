@@ -1,12 +1,18 @@
 """Worker program for tests/collectives/test_ucx_failures.py: a long UCX-engine fit.
 
-    python ucx_fit.py EPOCHS
+    python ucx_fit.py EPOCHS [TIMEOUT_SECONDS [SIGNAL STAMP_FILE]]
 
 Prints "epoch N done" after each epoch (flushed), so the test knows the
-collectives are running before it stops a worker.
+collectives are running before it stops a worker. With SIGNAL ("kill" or
+"stop"), worker 1 writes the time to STAMP_FILE after its second epoch and
+sends itself that signal (for runs under the launcher).
 """
 
+import json
+import os
+import signal
 import sys
+import time
 
 import keras
 import numpy as np
@@ -16,12 +22,22 @@ import tfdist_ext
 
 
 class Progress(keras.callbacks.Callback):
+    def __init__(self, sig=None, stamp=None):
+        super().__init__()
+        self.sig, self.stamp = sig, stamp
+
     def on_epoch_end(self, epoch, logs=None):
         print(f"epoch {epoch} done", flush=True)
+        index = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index")
+        if self.sig and index == 1 and epoch == 1:
+            with open(self.stamp, "w", encoding="utf-8") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[self.sig])
 
 
-def main(epochs):
-    strategy = tfdist_ext.Strategy(engine="ucx")
+def main(epochs, timeout_seconds="30", sig=None, stamp=None):
+    strategy = tfdist_ext.Strategy(
+        engine="ucx", allreduce={"name": "ring", "timeout_seconds": float(timeout_seconds)})
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 8)).astype("float32")
     y = (x @ rng.normal(size=(8, 1))).astype("float32")
@@ -30,7 +46,7 @@ def main(epochs):
                                   keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=int(epochs),
-              verbose=0, callbacks=[Progress()])
+              verbose=0, callbacks=[Progress(sig, stamp)])
 
 
 if __name__ == "__main__":
