@@ -10,8 +10,9 @@
 #include <map>
 #include <sstream>
 
-#include "Eigen/Core"
 #include "tsl/profiler/lib/traceme.h"
+#include "ucx/local_group.h"
+#include "ucx/reduce.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -59,26 +60,6 @@ ucp_context_h Context(std::string* error) {
   });
   if (context == nullptr) *error = context_error;
   return context;
-}
-
-template <typename T>
-void Add(char* dst, const char* a, const char* b, int64_t n) {
-  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Array>(reinterpret_cast<T*>(dst), n) =
-      Eigen::Map<const Array>(reinterpret_cast<const T*>(a), n) +
-      Eigen::Map<const Array>(reinterpret_cast<const T*>(b), n);
-}
-
-// dst = a + b elementwise; `a` may be `dst`.
-void Reduce(DType dtype, char* dst, const char* a, const char* b, int64_t n) {
-  switch (dtype) {
-    case DType::kF16: return Add<Eigen::half>(dst, a, b, n);
-    case DType::kBF16: return Add<Eigen::bfloat16>(dst, a, b, n);
-    case DType::kF32: return Add<float>(dst, a, b, n);
-    case DType::kF64: return Add<double>(dst, a, b, n);
-    case DType::kI32: return Add<int32_t>(dst, a, b, n);
-    case DType::kI64: return Add<int64_t>(dst, a, b, n);
-  }
 }
 
 bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start < a.stop; }
@@ -306,70 +287,6 @@ void Comm::JoinLocal(std::shared_ptr<LocalGroup> group, int index) {
   std::lock_guard<std::mutex> lock(mu_);
   local_group_ = std::move(group);
   local_index_ = index;
-}
-
-LocalGroup::LocalGroup(int size, double timeout_seconds)
-    : size_(size), timeout_seconds_(timeout_seconds), jobs_(size, nullptr) {}
-
-std::string LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<void>* result) {
-  const auto timeout = timeout_seconds_ > 0
-                           ? std::chrono::duration<double>(timeout_seconds_)
-                           : std::chrono::duration<double>(365.0 * 86400);
-  std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t generation = generation_;
-  jobs_[index] = &job;
-  if (++arrived_ == size_) {
-    cv_.notify_all();
-  } else if (!cv_.wait_for(lock, timeout, [&] { return arrived_ == size_; })) {
-    std::ostringstream out;
-    out << "in-process all-reduce: no progress for " << timeout_seconds_
-        << " s, waiting for local replica(s)";
-    for (int i = 0; i < size_; ++i)
-      if (jobs_[i] == nullptr) out << " " << i;
-    // This member stays counted: the group is unusable from here on, like a
-    // communicator after a failed job.
-    return out.str();
-  }
-  const Job& leader = *jobs_[0];
-  std::string error;
-  for (const Job* other : jobs_)
-    if (other->num_elements != leader.num_elements || other->dtype != leader.dtype)
-      error = "in-process all-reduce: the local replicas disagree on the tensor (" +
-              std::to_string(other->num_elements) + " vs " +
-              std::to_string(leader.num_elements) + " elements, or the dtype)";
-  *result = leader.keep_alive;
-  lock.unlock();
-
-  if (error.empty()) {
-    const int64_t n = leader.num_elements, size = job.itemsize;
-    const int64_t lo = n * index / size_, hi = n * (index + 1) / size_;
-    constexpr int64_t kBlock = 1 << 14;  // elements per pass, kept in cache across inputs
-    auto source = [&](const Job* j) { return j->input != nullptr ? j->input : j->data; };
-    for (int64_t start = lo; start < hi; start += kBlock) {
-      const int64_t count = std::min(kBlock, hi - start);
-      char* dst = leader.data + start * size;
-      if (size_ == 1) {
-        if (dst != source(jobs_[0]) + start * size)
-          std::memcpy(dst, source(jobs_[0]) + start * size, count * size);
-        continue;
-      }
-      Reduce(leader.dtype, dst, source(jobs_[0]) + start * size,
-             source(jobs_[1]) + start * size, count);
-      for (int j = 2; j < size_; ++j)
-        Reduce(leader.dtype, dst, dst, source(jobs_[j]) + start * size, count);
-    }
-  }
-
-  lock.lock();
-  if (++finished_ == size_) {
-    arrived_ = finished_ = 0;
-    std::fill(jobs_.begin(), jobs_.end(), nullptr);
-    ++generation_;
-    cv_.notify_all();
-  } else {
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-  return error;
 }
 
 std::string Comm::Run(const Job& job, uint32_t seq) {

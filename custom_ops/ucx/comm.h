@@ -18,12 +18,7 @@
 // received segment is reduced as soon as it arrives when nothing else in the
 // round touches its range (transfer and reduction overlap).
 //
-// In-process all-reduce: when every rank lives in this process (logical CPU
-// replicas), their communicators form a `LocalGroup` and an all-reduce job
-// marked `in_process` skips the wire: each rank's executor thread sums its
-// 1/N-th of the elements over all ranks' inputs straight into local rank 0's
-// output, which then becomes every rank's result (one shared buffer, so the
-// result is bit-identical on every rank and there is no all-gather).
+// In-process all-reduce: see local_group.h.
 //
 // Progress: the executor thread sleeps on a condition variable while it has no
 // job. Inside a job it polls the UCP worker for up to `spin_us` microseconds
@@ -82,24 +77,7 @@ struct Job {
   std::function<void(const std::string& error, const std::shared_ptr<void>& result)> done;
 };
 
-// The communicators of the ranks of one process, for in-process all-reduces.
-class LocalGroup {
- public:
-  LocalGroup(int size, double timeout_seconds);
-  // Member `index`'s part of the group's next in-process all-reduce; every
-  // member calls it once per such job, in the same order. Returns an error
-  // or "", and sets `*result` to the keep_alive of the job holding the sum.
-  std::string AllReduce(int index, const Job& job, std::shared_ptr<void>* result);
-
- private:
-  const int size_;
-  const double timeout_seconds_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 0;  // completed all-reduces
-  int arrived_ = 0, finished_ = 0;
-  std::vector<const Job*> jobs_;
-};
+class LocalGroup;  // local_group.h
 
 struct CommOptions {
   double timeout_seconds = 30.0;  // <= 0: wait forever

@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "ucx/comm.h"
+#include "ucx/local_group.h"
 
 namespace tfdist_ucx {
 namespace {

@@ -1,0 +1,45 @@
+// The communicators of one process's ranks, for all-reduces that skip the wire.
+//
+// When every rank lives in this process (logical CPU replicas), their
+// communicators form a `LocalGroup`, and an all-reduce job marked `in_process`
+// skips the wire: each rank's executor thread sums its 1/N-th of the elements
+// over all ranks' inputs (in rank order, a cache-sized block at a time) straight
+// into local rank 0's output, which then becomes every rank's result (one
+// shared buffer, so the result is bit-identical on every rank and there is no
+// all-gather). Waiting members sleep on a condition variable.
+
+#ifndef TFDIST_CUSTOM_OPS_UCX_LOCAL_GROUP_H_
+#define TFDIST_CUSTOM_OPS_UCX_LOCAL_GROUP_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ucx/comm.h"
+
+namespace tfdist_ucx {
+
+class LocalGroup {
+ public:
+  LocalGroup(int size, double timeout_seconds);
+  // Member `index`'s part of the group's next in-process all-reduce; every
+  // member calls it once per such job, in the same order. Returns an error
+  // or "", and sets `*result` to the keep_alive of the job holding the sum.
+  std::string AllReduce(int index, const Job& job, std::shared_ptr<void>* result);
+
+ private:
+  const int size_;
+  const double timeout_seconds_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // completed all-reduces
+  int arrived_ = 0, finished_ = 0;
+  std::vector<const Job*> jobs_;
+};
+
+}  // namespace tfdist_ucx
+
+#endif  // TFDIST_CUSTOM_OPS_UCX_LOCAL_GROUP_H_
