@@ -63,11 +63,11 @@ enum class DType { kF16, kBF16, kF32, kF64, kI32, kI64 };
 // One collective to run: the plan over `num_elements` elements at `data`.
 struct Job {
   std::shared_ptr<const Plan> plan;
-  DType dtype;
-  size_t itemsize;
-  char* data;                  // the output (and the input when `input` is null)
+  DType dtype = DType::kF32;
+  size_t itemsize = 0;
+  char* data = nullptr;         // the output (and the input when `input` is null)
   const char* input = nullptr;  // out of place: the input, left unchanged
-  int64_t num_elements;
+  int64_t num_elements = 0;
   std::string name;  // profiler label, e.g. "tfdist/ring/b0"
   bool in_process = false;  // an all-reduce over the `LocalGroup`; `plan` unused
   std::shared_ptr<void> keep_alive;  // owns `data` until the job is retired

@@ -18,19 +18,26 @@ std::string LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<voi
                            ? std::chrono::duration<double>(timeout_seconds_)
                            : std::chrono::duration<double>(365.0 * 86400);
   std::unique_lock<std::mutex> lock(mu_);
+  if (!broken_.empty()) return broken_;
   const uint64_t generation = generation_;
   jobs_[index] = &job;
   if (++arrived_ == size_) {
     cv_.notify_all();
-  } else if (!cv_.wait_for(lock, timeout, [&] { return arrived_ == size_; })) {
-    std::ostringstream out;
-    out << "in-process all-reduce: no progress for " << timeout_seconds_
-        << " s, waiting for local replica(s)";
-    for (int i = 0; i < size_; ++i)
-      if (jobs_[i] == nullptr) out << " " << i;
-    // This member stays counted: the group is unusable from here on, like a
-    // communicator after a failed job.
-    return out.str();
+  } else if (!cv_.wait_for(lock, timeout,
+                           [&] { return arrived_ == size_ || !broken_.empty(); }) ||
+             !broken_.empty()) {
+    if (broken_.empty()) {
+      std::ostringstream out;
+      out << "in-process all-reduce: no progress for " << timeout_seconds_
+          << " s, waiting for local replica(s)";
+      for (int i = 0; i < size_; ++i)
+        if (jobs_[i] == nullptr) out << " " << i;
+      broken_ = out.str();
+      cv_.notify_all();
+    }
+    jobs_[index] = nullptr;
+    --arrived_;
+    return broken_;
   }
   const Job& leader = *jobs_[0];
   std::string error;

@@ -28,6 +28,8 @@ class LocalGroup {
   // Member `index`'s part of the group's next in-process all-reduce; every
   // member calls it once per such job, in the same order. Returns an error
   // or "", and sets `*result` to the keep_alive of the job holding the sum.
+  // A member missing for the timeout fails the group for good (like a
+  // communicator after a failed job): later calls return at once.
   std::string AllReduce(int index, const Job& job, std::shared_ptr<void>* result);
 
  private:
@@ -36,6 +38,7 @@ class LocalGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t generation_ = 0;  // completed all-reduces
+  std::string broken_;       // why the group failed; it stays failed
   int arrived_ = 0, finished_ = 0;
   std::vector<const Job*> jobs_;
 };

@@ -250,8 +250,7 @@ class ScheduleKernel {
     OP_REQUIRES(ctx, comm != nullptr,
                 errors::FailedPrecondition("tfdist_ext UCX communicator ", handle_,
                                            " does not exist."));
-    comm_local_index_ = comm->local_index();
-    OP_REQUIRES(ctx, !in_process_ || comm_local_index_ >= 0,
+    OP_REQUIRES(ctx, !in_process_ || comm->local_index() >= 0,
                 errors::FailedPrecondition("an in-process collective on communicator ",
                                            handle_, ", which is in no local group"));
     auto plan = std::make_shared<Plan>();
@@ -265,8 +264,8 @@ class ScheduleKernel {
   // The job's output: `input` itself when no one else holds it (TF's buffer
   // forwarding; a fused gradient buffer or a chained result), otherwise a new
   // tensor that the job fills out of place, reading `input` where needed.
-  absl::Status MakeJob(OpKernelContext* ctx, const Tensor& input, bool keep_input,
-                       std::shared_ptr<Held>* kept, Job* job) {
+  absl::Status MakeJob(OpKernelContext* ctx, const Comm& comm, const Tensor& input,
+                       bool keep_input, std::shared_ptr<Held>* kept, Job* job) {
     if (input.dims() != 1)
       return errors::InvalidArgument("UCX collectives take 1-D tensors; got shape ",
                                      input.shape().DebugString());
@@ -284,7 +283,7 @@ class ScheduleKernel {
     } else {
       held->input = input;
       // In process, only local rank 0's output is written (and shared).
-      if (!in_process_ || comm_local_index_ == 0 || !Runs(input.NumElements())) {
+      if (!in_process_ || comm.local_index() == 0 || !Runs(input.NumElements())) {
         held->output = std::make_shared<Tensor>();
         TF_RETURN_IF_ERROR(
             ctx->allocate_temp(input.dtype(), input.shape(), held->output.get()));
@@ -310,7 +309,6 @@ class ScheduleKernel {
   bool Runs(int64_t n) const { return n > 0 && (in_process_ || !plan_->rounds.empty()); }
 
   int64_t handle_ = 0;
-  int comm_local_index_ = -1;
   bool in_process_ = false;
   std::string label_;
   DType dtype_;
@@ -333,7 +331,7 @@ class RunOp : public AsyncOpKernel, ScheduleKernel {
     if (comm == nullptr) return done();
     std::shared_ptr<Held> held;
     Job job;
-    OP_REQUIRES_OK_ASYNC(ctx, MakeJob(ctx, ctx->input(0), false, &held, &job), done);
+    OP_REQUIRES_OK_ASYNC(ctx, MakeJob(ctx, *comm, ctx->input(0), false, &held, &job), done);
     if (!Runs(job.num_elements)) {
       ctx->set_output(0, *held->output);
       return done();
@@ -379,7 +377,7 @@ class StartOp : public OpKernel, ScheduleKernel {
     if (comm == nullptr) return;
     auto ticket = std::make_shared<Ticket>();
     Job job;
-    OP_REQUIRES_OK(ctx, MakeJob(ctx, ctx->input(0), keep_input_, &ticket->held, &job));
+    OP_REQUIRES_OK(ctx, MakeJob(ctx, *comm, ctx->input(0), keep_input_, &ticket->held, &job));
     ticket->kept_input = keep_input_;
     int64_t id;
     {

@@ -5,6 +5,7 @@ at once (see engine_cases.py), so the whole matrix costs one trace per case.
 """
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -65,11 +66,23 @@ def test_every_algorithm_is_a_valid_allreduce_option():
     assert "auto" in collectives.available_algorithms()
 
 
-@pytest.mark.parametrize("num_replicas", REPLICAS)
-@pytest.mark.parametrize("name", collectives.ALGORITHMS.names())
-@pytest.mark.parametrize("engine", cases.ENGINES)
-def test_engine_matches_numpy_and_native(engine, name, num_replicas):
+# The UCX engine sums logical replicas in process whatever the algorithm;
+# "ucx-schedules" makes it run the schedules over UCX between them instead.
+UCX_SCHEDULES = [("ucx-schedules", name, n) for name in collectives.ALGORITHMS.names()
+                 for n in (3, 5, 8)]
+
+
+@pytest.mark.parametrize("engine,name,num_replicas", [
+    (engine, name, n) for engine in cases.ENGINES for name in collectives.ALGORITHMS.names()
+    for n in REPLICAS] + UCX_SCHEDULES)
+def test_engine_matches_numpy_and_native(engine, name, num_replicas, monkeypatch):
+    if engine == "ucx-schedules":
+        monkeypatch.setenv("TFDIST_UCX_IN_PROCESS", "0")
+        engine = "ucx"
     strategy = tfdist_ext.Strategy(num_replicas=num_replicas, allreduce=name, engine=engine)
+    ucx = strategy.extended._cross_device_ops.collective_engine() if engine == "ucx" else None  # pylint: disable=protected-access
+    if ucx is not None and num_replicas > 1:
+        assert ucx.in_process == (os.environ.get("TFDIST_UCX_IN_PROCESS") != "0")
     results, graph = _run(strategy, cases.replica_fn)
     lo, hi = strategy.collective_key_range
     problems = cases.engine_problems(cases.collective_ops(graph), (lo + (hi - lo) // 2, hi),

@@ -33,12 +33,15 @@ Tuning:
     * `timeout_seconds` (30): a rank that hears nothing from a peer for this
       long fails the collective with an error naming the peer, and the
       communicator stays failed (the job must restart).
+    * `TFDIST_UCX_IN_PROCESS=0` (environment) makes logical replicas run the
+      schedules over UCX instead of the in-process sum (for testing them).
     * TCP segment sizes default to 256 KB / 1 MB unless UCX_TCP_TX_SEG_SIZE /
       UCX_TCP_RX_SEG_SIZE are set; UCX_TLS and UCX_NET_DEVICES choose transports
       and interfaces as usual.
 """
 
 import base64
+import os
 import threading
 
 import tensorflow as tf
@@ -71,9 +74,13 @@ def encode(schedule: Schedule) -> list:
 
 def engine_for(name, devices, world_size, first_rank, **options):
     """The process's `UcxEngine` called `name`, created (and wired up) on first use."""
+    in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
+    if not in_process and world_size == len(devices):
+        name += "-schedules"  # only within one process: the name is the rendezvous key
     with _engines_lock:
         if name not in _engines:
-            _engines[name] = UcxEngine(name, devices, world_size, first_rank, **options)
+            _engines[name] = UcxEngine(name, devices, world_size, first_rank,
+                                       in_process=in_process, **options)
         return _engines[name]
 
 
@@ -89,6 +96,7 @@ class UcxEngine:
         timeout_seconds: Seconds without progress before a collective fails.
         segment_bytes: Largest message; bigger steps are pipelined.
         spin_us: Polling before a waiting rank sleeps.
+        in_process: Sum all-reduces in process when every rank is local.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -96,7 +104,7 @@ class UcxEngine:
     """
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
-                 segment_bytes=1 << 20, spin_us=200):
+                 segment_bytes=1 << 20, spin_us=200, in_process=True):
         self._ops = ucx_ops.load()
         self.name = name
         self.devices = tuple(devices)
@@ -105,7 +113,7 @@ class UcxEngine:
         self._plans = {}
         self._tokens = []
         self._handles = []
-        self.in_process = world_size == len(self.devices) > 1
+        self.in_process = in_process and world_size == len(self.devices) > 1
         with _compat.init_scope():
             addresses = []
             for i, device in enumerate(self.devices):
