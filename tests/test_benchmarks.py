@@ -68,3 +68,18 @@ def test_warmup_benchmark_tiny(tmp_path):
     assert data["summary"]["large_scaled"]["lr"] == pytest.approx(0.2)  # 0.05 x 4
     assert [len(run["test_accuracy"]) for run in data["runs"]] == [2, 2]
     assert (tmp_path / "w.png").stat().st_size > 0
+
+
+@pytest.mark.multiworker
+def test_scaling_benchmark_tiny(tmp_path):
+    out = tmp_path / "sc.json"
+    stdout = _run("scaling.py", "--workers", "1,2", "--configs", "sync,powersgd", "--steps",
+                  "3", "--warmup", "2", "--batch", "8", "--json", str(out), "--png",
+                  str(tmp_path / "sc.png"))
+    assert "efficiency" in stdout
+    rows = {(r["config"], r["workers"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("sync", 1), ("sync", 2), ("powersgd", 1), ("powersgd", 2)}
+    assert rows[("sync", 1)]["efficiency"] == 1.0 and rows[("sync", 1)]["overhead_ms"] == 0.0
+    assert rows[("sync", 1)]["bytes_sent"] == 0 < rows[("powersgd", 2)]["bytes_sent"] \
+        < rows[("sync", 2)]["bytes_sent"]
+    assert (tmp_path / "sc.png").stat().st_size > 0
