@@ -1,4 +1,8 @@
-"""Runs a benchmark script again as W workers under `python -m tfdist_ext.launch`."""
+"""Runs a benchmark script again as W workers under `python -m tfdist_ext.launch`.
+
+Also the pieces every such benchmark's worker mode shares: the forwarded
+arguments and a clock of batch starts.
+"""
 
 import os
 import pathlib
@@ -29,3 +33,29 @@ def relaunch(script, workers, worker_args, timeout, link="none", check=False):
     code = subprocess.run(command, env=env, cwd=ROOT, check=False).returncode
     if code != 0:
         raise RuntimeError(f"`{' '.join(command)}` exited with code {code}")
+
+
+def forward(args, keys):
+    """``["--key", "value", ...]`` for the parsed `args` named in `keys` (in that order)."""
+    out = []
+    for key in keys:
+        out += [f"--{key}", str(getattr(args, key.replace("-", "_")))]
+    return out
+
+
+def step_clock(keras):
+    """A Keras callback whose `times` lists `time.perf_counter()` at every batch start.
+
+    The steps' durations are ``numpy.diff(clock.times)``.
+    """
+    import time  # pylint: disable=import-outside-toplevel
+
+    class StepClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.times.append(time.perf_counter())
+
+    return StepClock()

@@ -28,12 +28,11 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
+from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 PLANNERS = {"none": None, "fixed": {"name": "fixed", "bytes_per_bucket": 1 << 20},
             "wfbp": "wfbp", "mgwfbp": "mgwfbp",
@@ -86,14 +85,6 @@ def _worker(args):
         logging.basicConfig()
         logging.getLogger("tfdist_ext").setLevel(logging.INFO)
 
-    class Clock(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.times = []
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self.times.append(time.perf_counter())
-
     def run(model_name, planner):
         strategy = tfdist_ext.Strategy(
             allreduce={"name": "native" if args.engine == "tf" else "ring",
@@ -110,7 +101,7 @@ def _worker(args):
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
             PER_WORKER_BATCH * workers)
         model.fit(data, epochs=1, steps_per_epoch=args.warmup, verbose=0)
-        clock = Clock()
+        clock = step_clock(keras)
         model.fit(data, epochs=1, steps_per_epoch=args.steps + 1, verbose=0, callbacks=[clock])
         steps = np.diff(clock.times)
         return {"model": model_name, "planner": planner, "step_ms_median":
@@ -174,9 +165,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker_out:
         return _worker(args)
-    forwarded = []
-    for key in ("models", "planners", "width", "steps", "warmup", "repeats", "engine"):
-        forwarded += [f"--{key}", str(getattr(args, key))]
+    forwarded = forward(args, ("models", "planners", "width", "steps", "warmup", "repeats",
+                               "engine"))
     forwarded += ["--verbose"] if args.verbose else []
     with tempfile.TemporaryDirectory() as out_dir:
         relaunch(__file__, args.workers, forwarded + ["--worker-out", out_dir], args.timeout,

@@ -9,14 +9,15 @@ the test bed's shaped links when `--link` is given) trains every configuration
 in turn with a fixed batch per worker (weak scaling: the global batch grows
 with W): a warm-up `fit` of `--warmup` steps, then `--steps` timed steps. The
 step time is the chief's wall-clock time between consecutive batch starts;
-min and median over the timed steps are reported.
+min, median and mean over the timed steps are reported.
 
 Figures of merit, per configuration, against the same configuration on one
 worker:
 
-* throughput: samples per second, W x per-worker batch / median step time;
+* throughput: samples per second, W x per-worker batch / mean step time (the
+  mean, not the median: local SGD's averaging steps are rare and long);
 * scaling efficiency: throughput at W / (W x throughput at 1);
-* communication overhead: median step time at W minus at 1.
+* communication overhead: mean step time at W minus at 1.
 
 On a machine with fewer cores than workers the workers also share the CPU, so
 efficiency there mixes communication and compute contention; the summary
@@ -34,12 +35,11 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
+from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 CONFIGS = {
     "sync": {},
@@ -82,14 +82,6 @@ def _worker(args):
     config = json.loads(os.environ["TF_CONFIG"])
     index, workers = config["task"]["index"], len(config["cluster"]["worker"])
 
-    class Clock(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.times = []
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self.times.append(time.perf_counter())
-
     records = []
     for name in args.configs.split(","):
         strategy = tfdist_ext.Strategy(**CONFIGS[name])
@@ -103,13 +95,14 @@ def _worker(args):
         y = rng.integers(0, 10, size=2048).astype("int32")
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * workers)
         model.fit(data, epochs=1, steps_per_epoch=args.warmup, verbose=0)
-        clock = Clock()
+        clock = step_clock(keras)
         model.fit(data, epochs=1, steps_per_epoch=args.steps + 1, verbose=0, callbacks=[clock])
         steps = np.diff(clock.times)
         stats = strategy.communication_stats()
         records.append({"config": name, "workers": workers,
                         "step_ms_median": float(np.median(steps) * 1e3),
                         "step_ms_min": float(np.min(steps) * 1e3),
+                        "step_ms_mean": float(np.mean(steps) * 1e3),
                         "bytes_sent": int(stats.get("bytes_sent", 0)),
                         "parameters": int(sum(np.prod(w.shape)
                                               for w in model.trainable_weights))})
@@ -122,13 +115,13 @@ def summarize(records, batch):
     rows = []
     for record in records:
         row = dict(record)
-        row["throughput"] = record["workers"] * batch / (record["step_ms_median"] / 1e3)
+        row["throughput"] = record["workers"] * batch / (record["step_ms_mean"] / 1e3)
         base = next((r for r in records
                      if r["config"] == record["config"] and r["workers"] == 1), None)
         if base is not None:
-            base_throughput = batch / (base["step_ms_median"] / 1e3)
+            base_throughput = batch / (base["step_ms_mean"] / 1e3)
             row["efficiency"] = row["throughput"] / (record["workers"] * base_throughput)
-            row["overhead_ms"] = record["step_ms_median"] - base["step_ms_median"]
+            row["overhead_ms"] = record["step_ms_mean"] - base["step_ms_mean"]
         rows.append(row)
     return rows
 
@@ -160,9 +153,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker_out:
         return _worker(args)
-    forwarded = []
-    for key in ("configs", "batch", "steps", "warmup"):
-        forwarded += [f"--{key}", str(getattr(args, key))]
+    forwarded = forward(args, ("configs", "batch", "steps", "warmup"))
     records = []
     for workers in [int(w) for w in args.workers.split(",")]:
         with tempfile.TemporaryDirectory() as out_dir:
@@ -173,11 +164,12 @@ def main(argv=None):
     rows = summarize(records, args.batch)
     cores = os.cpu_count()
     print(f"link {args.link}, {args.batch} samples per worker per step, {cores} CPU cores")
-    print(f"{'config':<10} {'workers':>7} {'step ms min':>12} {'median':>8} "
+    print(f"{'config':<10} {'workers':>7} {'step ms min':>12} {'median':>8} {'mean':>8} "
           f"{'samples/s':>10} {'efficiency':>10} {'overhead ms':>12}")
     for row in rows:
         print(f"{row['config']:<10} {row['workers']:>7} {row['step_ms_min']:>12.1f} "
-              f"{row['step_ms_median']:>8.1f} {row['throughput']:>10.0f} "
+              f"{row['step_ms_median']:>8.1f} {row['step_ms_mean']:>8.1f} "
+              f"{row['throughput']:>10.0f} "
               f"{row.get('efficiency', float('nan')):>10.2f} "
               f"{row.get('overhead_ms', float('nan')):>12.1f}")
     if args.json:

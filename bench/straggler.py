@@ -36,7 +36,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
+from bench._relaunch import forward, relaunch  # pylint: disable=wrong-import-position
 
 MODES = ("none", "transient", "permanent")
 PER_WORKER_BATCH = 64
@@ -152,9 +152,8 @@ def _worker(args):
 
 
 def _launch(args, out_dir):
-    forwarded = []
-    for key in ("configs", "staleness", "modes", "steps", "sleep", "repeats", "hidden"):
-        forwarded += [f"--{key}", str(getattr(args, key))]
+    forwarded = forward(args, ("configs", "staleness", "modes", "steps", "sleep", "repeats",
+                               "hidden"))
     relaunch(__file__, args.workers, forwarded + ["--worker-out", out_dir], args.timeout)
     return [json.loads((pathlib.Path(out_dir) / f"w{i}.json").read_text())
             for i in range(args.workers)]
