@@ -13,6 +13,7 @@
 #include "tsl/profiler/lib/traceme.h"
 #include "ucx/local_group.h"
 #include "ucx/reduce.h"
+#include "ucx/written.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -97,63 +98,6 @@ std::string ParsePlan(const std::vector<int64_t>& flat, int world_size, Plan* pl
   if (i != flat.size()) return "trailing values";
   return "";
 }
-
-// The element ranges of an out-of-place job's output that hold their current
-// value; everywhere else the current value is still the input's.
-class Comm::Written {
- public:
-  explicit Written(const Job& job) : job_(job) {
-    if (job.input == nullptr) Add(0, job.num_elements);
-  }
-  bool All(int64_t start, int64_t stop) const {
-    for (const auto& r : ranges_)
-      if (r.first <= start && stop <= r.second) return true;
-    return false;
-  }
-  bool None(int64_t start, int64_t stop) const {
-    for (const auto& r : ranges_)
-      if (r.first < stop && start < r.second) return false;
-    return true;
-  }
-  void Add(int64_t start, int64_t stop) {
-    std::vector<std::pair<int64_t, int64_t>> merged;
-    for (const auto& r : ranges_) {
-      if (r.second < start || stop < r.first) {
-        merged.push_back(r);
-      } else {
-        start = std::min(start, r.first);
-        stop = std::max(stop, r.second);
-      }
-    }
-    merged.emplace_back(start, stop);
-    std::sort(merged.begin(), merged.end());
-    ranges_ = std::move(merged);
-  }
-  // Copies the input into the unwritten parts of [start, stop).
-  void Fill(int64_t start, int64_t stop) {
-    int64_t cursor = start;
-    for (const auto& r : ranges_) {
-      if (r.second <= cursor || r.first >= stop) continue;
-      if (r.first > cursor) Copy(cursor, r.first);
-      cursor = r.second;
-    }
-    if (cursor < stop) Copy(cursor, stop);
-    Add(start, stop);
-  }
-  // The current value of [start, stop), which is either all written or none.
-  const char* Source(int64_t start, int64_t stop) const {
-    const char* base = All(start, stop) ? job_.data : job_.input;
-    return base + start * job_.itemsize;
-  }
-
- private:
-  void Copy(int64_t start, int64_t stop) {
-    std::memcpy(job_.data + start * job_.itemsize, job_.input + start * job_.itemsize,
-                (stop - start) * job_.itemsize);
-  }
-  const Job& job_;
-  std::vector<std::pair<int64_t, int64_t>> ranges_;  // sorted, disjoint, not touching
-};
 
 struct Comm::Pending {
   Comm* comm;
@@ -324,8 +268,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
   }
   // Sends and adds then find their range either written or still the input's.
   for (const Step& step : steps)
-    if (step.kind != kRecvCopy && !written->All(step.start, step.stop) && !written->None(step.start, step.stop))
-      written->Fill(step.start, step.stop);
+    if (step.kind != kRecvCopy) written->Settle(step.start, step.stop);
   if (static_cast<int64_t>(scratch_.size()) < scratch_bytes) scratch_.resize(scratch_bytes);
 
   auto* pending = new std::vector<Pending>();  // leaked on failure: UCX may still write
@@ -411,8 +354,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
       char* target = job.data + step.start * itemsize;
       const char* source = scratch_.data() + scratch_offset[i];
       if (step.kind == kRecvReduce) {
-        if (!written->All(step.start, step.stop) && !written->None(step.start, step.stop))
-          written->Fill(step.start, step.stop);
+        written->Settle(step.start, step.stop);
         Reduce(job.dtype, target, written->Source(step.start, step.stop), source,
                step.stop - step.start);
       } else {

@@ -78,6 +78,7 @@ struct Job {
 };
 
 class LocalGroup;  // local_group.h
+class Written;     // written.h
 
 struct CommOptions {
   double timeout_seconds = 30.0;  // <= 0: wait forever
@@ -110,7 +111,6 @@ class Comm {
 
  private:
   struct Pending;
-  class Written;
   void Loop();
   std::string Run(const Job& job, uint32_t seq);
   std::string RunRound(const Job& job, uint32_t seq, int round_index, Written* written);
