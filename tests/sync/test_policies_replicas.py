@@ -114,7 +114,10 @@ def test_delayed_averaging_follows_the_paper(delay, engine):
     assert np.abs(history[-1][0] - history[-1][1]).max() > 1e-4  # replicas differ ...
     _close(final, [drained, drained])  # ... until the drain
     np.testing.assert_array_equal(final[0], final[1])
-    assert strategy.communication_stats()["sync_rounds"] == steps
+    stats = strategy.communication_stats()
+    assert stats["sync_rounds"] == stats["reductions"] == steps
+    dense = strategy.extended._cross_device_ops.dense_wire_bytes(FEATURES, "float32")  # pylint: disable=protected-access
+    assert stats["bytes_sent"] == stats["dense_bytes"] == steps * dense > 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -131,7 +134,9 @@ def test_stale_synchronous_follows_ssp(staleness, engine):
     assert inflight == {"ucx": "InflightTickets", "tf": "InflightReductions"}[engine]
     stats = strategy.communication_stats()
     assert 1 <= stats["staleness_max"] <= staleness
-    assert stats["sync_rounds"] == steps
+    assert stats["sync_rounds"] == stats["reductions"] == steps
+    dense = strategy.extended._cross_device_ops.dense_wire_bytes(FEATURES, "float32")  # pylint: disable=protected-access
+    assert stats["bytes_sent"] == steps * dense > 0
 
 
 def test_model_averaging_follows_crossbow():

@@ -58,8 +58,12 @@ class PipelinedRunner(PolicyRunner):
         buffers, restore = fusion.flatten_by_dtype(grads)
         self._restore = restore
         step = tf.cast(optimizer.iterations, tf.int64)
-        started = self.inflight.start(step, replica, buffers)
-        with tf.control_dependencies([started]):
+        started = [self.inflight.start(step, replica, buffers)]
+        if replica == 0:  # each round is one dense gradient all-reduce
+            sent = sum(self.cross_ops.dense_wire_bytes(b.shape.num_elements(), b.dtype)
+                       for b in buffers)
+            started.append(self.cross_ops.state.count(sent, sent))
+        with tf.control_dependencies(started):
             sums, own = self.inflight.wait(step - self.delay, replica, buffers)
         updates = []
         for fresh, stale, total in zip(buffers, own, sums):
