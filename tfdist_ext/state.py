@@ -71,6 +71,11 @@ class StrategyState(tf.Module):
                 self.residuals[key] = variables
         return self.residuals[key][replica]
 
+    def buffers_ending(self, suffix):
+        """{key: per-replica variables} of the buffers whose key ends with `suffix`, by key."""
+        return {key: list(self.residuals[key]) for key in sorted(self.residuals)
+                if key.endswith(suffix)}
+
     def record_ready(self, ready):
         """Accumulates one step's gradient-ready timestamps (seconds, relative)."""
         if self.ready_sum is None:

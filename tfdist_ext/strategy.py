@@ -282,7 +282,24 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             stats["buckets"] = len(self.bucket_plan)
         if self.sync_runner is not None:
             stats.update(self.sync_runner.stats())
+        if isinstance(self.config.compression, compression.Adaptive):
+            stats["compression_decisions"] = len(self.compression_decisions)
         return stats
+
+    @property
+    def compression_decisions(self):
+        """The decision rounds of `compression="adaptive"` so far (a list of dicts,
+        see `tfdist_ext.keras.AdaptiveCompression.decisions`); empty otherwise."""
+        controller = getattr(self, "_adaptive", None)
+        return list(controller.decisions) if controller else []
+
+    def broadcast_from_chief(self, values):
+        """Every worker gets worker 0's `values` (a list of floats), eagerly.
+
+        A collective: every worker must call it at the same point.
+        """
+        return calibration.broadcast_from_chief(self._cross_ops, list(values),
+                                                self._cross_ops.first_rank)
 
     @property
     def bucket_plan(self):
@@ -297,6 +314,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             callbacks.append(hooks.MomentumCheck(self.config.compression))
         if self.sync_runner is not None:
             callbacks.append(hooks.SyncCallback(self.sync_runner))
+        if isinstance(self.config.compression, compression.Adaptive):
+            if getattr(self, "_adaptive", None) is None:
+                from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel
+                self._adaptive = adaptive.AdaptiveCompression(self)
+            callbacks.append(self._adaptive)
         if getattr(self.config.bucketing, "uses_backward_times", False):
             if getattr(self, "_bucket_tuner", None) is None:
                 self._bucket_tuner = hooks.BackwardProfile(self)

@@ -31,7 +31,7 @@ def scenarios():
     """name -> Strategy keyword arguments."""
     out = {}
     for name in compression.COMPRESSORS.names():
-        if name == "powersgd":
+        if name in ("powersgd", "adaptive"):  # newer than the record
             continue
         out[name] = {"compression": name, "allreduce": "ring"}
     out["topk_momentum_warmup"] = {

@@ -23,7 +23,7 @@ from tfdist_ext.compression import (
 
 NAMES = ["bf16", "fp16", "int8", "none", "qsgd", "randomk", "sign", "terngrad", "topk",
          "topk_approx"]  # the payload compressors tested here
-REGISTERED = sorted(NAMES + ["powersgd"])  # PowerSGD: tests/compression/test_powersgd.py
+REGISTERED = sorted(NAMES + ["powersgd", "adaptive"])  # test_powersgd.py, test_adaptive.py
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 ALL = [compression.get(name) for name in NAMES] + [TopK(ratio=0.2), RandomK(ratio=0.3),
                                                    QSGD(levels=1), QSGD(levels=1000),

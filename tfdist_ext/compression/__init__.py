@@ -1,7 +1,7 @@
 """What is sent: gradient compressors (`Strategy(compression=...)`).
 
 Registered names: "none", "fp16", "bf16", "topk", "topk_approx", "randomk",
-"qsgd", "terngrad", "sign", "int8", "powersgd". See `Compressor` for the
+"qsgd", "terngrad", "sign", "int8", "powersgd", "adaptive". See `Compressor` for the
 interface the strategy calls (a reduction hook per gradient bucket, `hooks`),
 `PayloadCompressor` for the compress / decompress compressors and
 `compress_with_feedback` for error feedback.
@@ -9,6 +9,7 @@ interface the strategy calls (a reduction hook per gradient bucket, `hooks`),
 
 from tfdist_ext.compression.base import COMPRESSORS, Compressor, fold_seed, get
 from tfdist_ext.compression.payload import NoCompression, PayloadCompressor
+from tfdist_ext.compression.adaptive import Adaptive
 from tfdist_ext.compression.bf16 import BF16
 from tfdist_ext.compression.error_feedback import (compress_with_feedback,
                                                    compress_with_momentum_correction)
@@ -23,6 +24,7 @@ from tfdist_ext.compression.terngrad import TernGrad
 from tfdist_ext.compression.topk import TopK, TopKApprox
 
 __all__ = [
+    "Adaptive",
     "BF16",
     "Bucket",
     "COMPRESSORS",

@@ -86,6 +86,14 @@ class Communicator:
         self.bytes_sent += (self.world_size - 1) * tensor.shape.num_elements() * 4
         return self._all_gather(tensor)
 
+    def count(self, num_bytes):
+        """Adds bytes sent by sub-hooks (an int or an int64 scalar tensor).
+
+        For a hook that picks one of several forked communicators at run time
+        (`adaptive`): it adds the bytes of the branch taken.
+        """
+        self.bytes_sent = self.bytes_sent + num_bytes
+
     def fork(self):
         """A communicator over the same replicas that counts from zero."""
         return Communicator(self._all_reduce, self._all_gather, self._reduce_bytes,
@@ -112,10 +120,16 @@ def reduce_bucket(compressor, bucket, comm, state):
     if not compressor.warmup_steps:
         return compressor.reduce(bucket, hook_comm, state), hook_comm.bytes_sent
     dense_comm = comm.fork()
-    warming_up = bucket.step < compressor.warmup_steps
-    summed = tf.cond(warming_up, lambda: dense_comm.all_reduce(bucket.flat),
-                     lambda: compressor.reduce(bucket, hook_comm, state))
-    if dense_comm.bytes_sent == hook_comm.bytes_sent:
-        return summed, hook_comm.bytes_sent
-    return summed, tf.where(warming_up, tf.constant(dense_comm.bytes_sent, tf.int64),
-                            tf.constant(hook_comm.bytes_sent, tf.int64))
+
+    def dense():
+        return dense_comm.all_reduce(bucket.flat), tf.constant(dense_comm.bytes_sent, tf.int64)
+
+    def compressed():
+        return (compressor.reduce(bucket, hook_comm, state),
+                tf.cast(hook_comm.bytes_sent, tf.int64))
+
+    summed, sent = tf.cond(bucket.step < compressor.warmup_steps, dense, compressed)
+    hooked = hook_comm.bytes_sent
+    if isinstance(hooked, int) and hooked == dense_comm.bytes_sent:
+        return summed, hooked
+    return summed, sent

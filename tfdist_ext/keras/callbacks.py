@@ -38,6 +38,8 @@ class CommunicationStats(keras.callbacks.Callback):
       number of gradient ``buckets``) as its current value, ``tfdist/<key>``;
       keys listed in `COUNTERS` (also the policy's ``sync_rounds``) get deltas
       and totals instead.
+    * ``tfdist/compression_decisions`` (text, at the epoch of each decision
+      of ``compression="adaptive"``): candidates x buckets, ms and error.
     * ``tfdist/bucket_plan`` (text, at the epoch it first appears or changes):
       each gradient bucket's bytes, gradient count and algorithm.
 
@@ -112,6 +114,7 @@ class CommunicationStats(keras.callbacks.Callback):
         if self._writer is not None:
             self._write("tfdist/", epoch, self._epoch_mark)
             self._write_buckets(epoch)
+            self._write_decisions(epoch)
             self._writer.flush()
 
     def _write_buckets(self, epoch):
@@ -123,6 +126,19 @@ class CommunicationStats(keras.callbacks.Callback):
         with self._writer.as_default(step=epoch):
             tf.summary.text("tfdist/bucket_plan", "\n".join(lines))
         self._written_plan = plan
+
+    def _write_decisions(self, epoch):
+        decisions = self._strategy.compression_decisions
+        written = getattr(self, "_written_decisions", 0)
+        if len(decisions) <= written:
+            return
+        from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel
+        with self._writer.as_default(step=epoch):
+            for decision in decisions[written:]:
+                tf.summary.text("tfdist/compression_decisions",
+                                f"step {decision['step']} ({decision['reason']}):\n\n"
+                                + adaptive.format_decision(decision))
+        self._written_decisions = len(decisions)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

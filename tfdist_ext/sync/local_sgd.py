@@ -114,8 +114,15 @@ class LocalSGD(SyncPolicy):
     def check_compression(self, compressor) -> None:
         """Every compressor applies to the plain average's changes but DGC momentum correction.
 
-        An outer optimizer (DiLoCo) takes no compressor yet.
+        An outer optimizer (DiLoCo) takes no compressor yet, nor does
+        "adaptive" (its controller times per-step gradient all-reduces).
         """
+        if getattr(compressor, "name", None) == "adaptive":
+            raise ValueError(
+                f"Arguments `sync` and `compression` conflict: compression='adaptive' "
+                f"times the per-step gradient all-reduce, which sync={self.name!r} does not "
+                "do. Name a compressor (e.g. compression='powersgd'), or use sync='sync' "
+                "with compression='adaptive'.")
         if self.sends_changes and not isinstance(compressor, NoCompression):
             raise ValueError(
                 f"Arguments `sync` and `compression` conflict: compressing the outer "
