@@ -48,7 +48,7 @@ def run_steps(strategy, steps, before_step=None):
 def set_choice(strategy, index):
     for variables in strategy.state.buffers_ending("_adaptive_choice").values():
         for variable in variables:
-            variable.assign([index])
+            variable.assign([index, 0])
 
 
 @pytest.mark.parametrize("index", range(len(CANDIDATES)))

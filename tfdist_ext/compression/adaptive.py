@@ -106,19 +106,22 @@ class Adaptive(Compressor):
         """The chosen candidate's reduction of this bucket, timed, with its error."""
         flat, replica, key = bucket.flat, bucket.replica, bucket.key
         n, dtype = flat.shape.num_elements(), flat.dtype
-        choice = state.buffer(f"{key}_adaptive_choice", replica, 1, tf.int32)
+        # [candidate index, 1 while the controller measures errors, else 0]
+        setting = state.buffer(f"{key}_adaptive_choice", replica, 2, tf.int32).read_value()
         measured = state.buffer(f"{key}_adaptive_stats", replica, 2, tf.float64)
         residual = state.residual(key, replica, n, dtype)
-        corrected = flat + residual.read_value()
+        measuring = setting[1] > 0
+        zero = tf.constant(0.0, tf.float64)
+        before = tf.cond(measuring, lambda: _norm(flat + residual.read_value()), lambda: zero)
         comms = [comm.fork() for _ in self.candidates]
-        branches = [_timed(_branch(c, i, bucket, comms[i], state, residual, corrected), flat)
+        branches = [_timed(_branch(c, i, bucket, comms[i], state, residual), flat)
                     for i, c in enumerate(self.candidates)]
-        index = tf.clip_by_value(choice.read_value()[0], 0, len(branches) - 1)
+        index = tf.clip_by_value(setting[0], 0, len(branches) - 1)
         result, seconds = tf.switch_case(index, branches)
         comm.count(tf.gather(tf.constant([c.bytes_sent for c in comms], tf.int64), index))
         with tf.control_dependencies([result]):
-            error = (tf.norm(tf.cast(residual.read_value(), tf.float64))
-                     / (tf.norm(tf.cast(corrected, tf.float64)) + 1e-30))
+            error = tf.cond(measuring,
+                            lambda: _norm(residual.read_value()) / (before + 1e-30), lambda: zero)
             update = measured.assign(tf.stack([seconds, error]))
         with tf.control_dependencies([update]):
             return tf.identity(result)
@@ -192,7 +195,11 @@ def _timed(reduce, flat):
     return run
 
 
-def _branch(candidate, index, bucket, comm, state, residual, corrected):
+def _norm(tensor):
+    return tf.norm(tf.cast(tensor, tf.float64))
+
+
+def _branch(candidate, index, bucket, comm, state, residual):
     """The switch_case branch that reduces `bucket` with `candidate`."""
     view = _CandidateState(state, bucket.key, f"c{index}")
     if candidate.error_feedback:  # reads and writes the shared residual itself
@@ -200,6 +207,7 @@ def _branch(candidate, index, bucket, comm, state, residual, corrected):
 
     def run():
         # No error feedback of its own: send the corrected gradient, keep what it lost.
+        corrected = bucket.flat + residual.read_value()
         given = dataclasses.replace(bucket, flat=corrected)
         result = candidate.reduce(given, comm, view)
         if isinstance(candidate, NoCompression):

@@ -72,11 +72,10 @@ class AdaptiveCompression(keras.callbacks.Callback):
         return {key[:-len(_CHOICE)]: variables
                 for key, variables in self.strategy.state.buffers_ending(_CHOICE).items()}
 
-    def _set_choices(self, choices):
-        for (key, variables), choice in zip(self._buckets().items(), choices):
-            del key
+    def _set_choices(self, choices, measuring=False):
+        for variables, choice in zip(self._buckets().values(), choices):
             for variable in variables:
-                variable.assign([int(choice)])
+                variable.assign([int(choice), int(measuring)])
 
     def _start_probe(self):
         self.phase = "probe"
@@ -84,7 +83,7 @@ class AdaptiveCompression(keras.callbacks.Callback):
         self._trial = []
         self._seconds = [[] for _ in self.labels]
         self._bucket_stats = [[] for _ in self.labels]
-        self._set_choices([0] * len(self._buckets()))
+        self._set_choices([0] * len(self._buckets()), measuring=True)
 
     def _probe_step(self, seconds):
         self._trial.append(seconds)
@@ -101,7 +100,7 @@ class AdaptiveCompression(keras.callbacks.Callback):
         self._candidate += 1
         self._trial = []
         if self._candidate < len(self.labels):
-            self._set_choices([self._candidate] * len(self._buckets()))
+            self._set_choices([self._candidate] * len(self._buckets()), measuring=True)
         else:
             self._decide()
 
