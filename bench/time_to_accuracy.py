@@ -15,7 +15,8 @@ collected; the summary per model gives each config's final accuracy, the time at
 which it first reaches the target (sync's final accuracy - 1 point) and how many
 times sooner than sync that is.
 
-Configs: sync (native all-reduce, dense), topk, qsgd, fp16, auto, powersgd, or a JSON dict of
+Configs: sync (native all-reduce, dense), topk, qsgd, fp16, bf16, auto, powersgd,
+powersgd4 (rank 4), adaptive, or a JSON dict of
 Strategy keyword arguments, e.g. '{"compression": {"name": "topk", "ratio": 0.1}}'.
 Models: cnn (the example's 1-D CNN, ~26k parameters, Adam 3e-3) and mlp (Dense
 40-1024-1024-10 with ReLU, ~1.1M parameters = 4.4 MB of float32 gradients, Adam 1e-3).
@@ -36,7 +37,9 @@ from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
 
 CONFIGS = {"sync": {}, "topk": {"compression": "topk"}, "qsgd": {"compression": "qsgd"},
            "fp16": {"compression": "fp16"}, "auto": {"allreduce": "auto"},
-           "powersgd": {"compression": "powersgd"}}
+           "powersgd": {"compression": "powersgd"}, "bf16": {"compression": "bf16"},
+           "powersgd4": {"compression": {"name": "powersgd", "rank": 4}},
+           "adaptive": {"compression": "adaptive"}}
 LEARNING_RATES = {"cnn": 3e-3, "mlp": 1e-3}
 GLOBAL_BATCH = 128
 
@@ -162,7 +165,9 @@ def worker(args):
                 "workers": strategy.num_replicas_in_sync, "link": args.link,
                 "epoch": epoch + 1, "seconds": seconds, "bytes_sent": stats["bytes_sent"],
                 "dense_bytes": stats["dense_bytes"], "test_accuracy": float(accuracy),
-                "train_loss": float(logs["loss"])})
+                "train_loss": float(logs["loss"]),
+                "choices": [b["choice"] for d in strategy.compression_decisions[-1:]
+                            for b in d["buckets"]]})
             if index == 0:
                 print(f"{args.model} {args.config} epoch {epoch + 1}: {seconds:.1f} s, "
                       f"{stats['bytes_sent'] / 1e6:.1f} MB sent, test accuracy "

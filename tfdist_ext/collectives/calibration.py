@@ -28,12 +28,15 @@ import pathlib
 import socket
 import time
 import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.collectives import auto, cost
+
+_BROADCASTS = weakref.WeakKeyDictionary()  # cross_ops -> its traced broadcast
 
 log = logging.getLogger("tfdist_ext")
 
@@ -268,22 +271,30 @@ def measure(cross_ops, candidates, repeats=7):
 
 
 def broadcast_from_chief(cross_ops, values, first_rank):
-    """Every worker gets rank 0's `values` (a list of floats)."""
+    """Every worker gets rank 0's `values` (a list of floats).
+
+    The traced function is kept per `cross_ops` (retraced per length only),
+    so repeated calls (a controller checking every few steps) cost one
+    collective, not a trace.
+    """
     if cross_ops._group_size == len(cross_ops._devices):  # pylint: disable=protected-access
         return list(values)  # one process: nothing to agree on
-    devices = cross_ops._devices  # pylint: disable=protected-access
-    native = _native_reduce(cross_ops)
+    run = _BROADCASTS.get(cross_ops)
+    if run is None:
+        devices = cross_ops._devices  # pylint: disable=protected-access
+        native = _native_reduce(cross_ops)
 
-    @tf.function(autograph=False)
-    def run():
-        out = []
-        for i, device in enumerate(devices):
-            with tf.device(device):
-                mine = tf.constant(values, tf.float64) * float(first_rank + i == 0)
-            out.append(native(mine, i))
-        return out[0]
+        @tf.function(autograph=False)
+        def run(given):
+            out = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    mine = given * float(first_rank + i == 0)
+                out.append(native(mine, i))
+            return out[0]
 
-    return [float(v) for v in run().numpy()]
+        _BROADCASTS[cross_ops] = run
+    return [float(v) for v in run(tf.constant(values, tf.float64)).numpy()]
 
 
 def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, probe=True,

@@ -1,0 +1,143 @@
+"""Adaptive compression against dense and every fixed candidate, per step, per link.
+
+    python bench/adaptive.py --links none,1gbit --repeats 2 --epochs 8 \
+        --json docs/results/adaptive.json --png docs/results/adaptive.png
+
+For each link (none: plain 127.0.0.1; a rate: the shaped test bed, root),
+repeat and config, one `bench/time_to_accuracy.py` launch trains the MLP
+(4.4 MB of float32 gradients, Adam) on 2 workers. The steady per-step time is
+(seconds at the last epoch - seconds at epoch 1) / ((epochs - 1) x steps per
+epoch): adaptive probes its candidates during the first epoch, so epoch 1 is
+reported apart (its cost). Ratios: adaptive / dense ("sync") and adaptive /
+the best fixed config, min and median over repeats.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import time_to_accuracy as tta  # pylint: disable=wrong-import-position
+
+CONFIGS = "sync,bf16,powersgd4,powersgd,topk,adaptive"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--links", default="none,1gbit", help="comma-separated links")
+    parser.add_argument("--configs", default=CONFIGS, help=f"default {CONFIGS}")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=8, help=">= 2")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2 (epoch 1 holds the probe)")
+    args.link_list = args.links.split(",")
+    args.config_list = args.configs.split(",")
+    return args
+
+
+def steps_per_epoch(workers):
+    from examples.keras_fit import load_mnist1d  # pylint: disable=import-outside-toplevel
+    del workers  # the global batch is fixed
+    return math.ceil(len(load_mnist1d()[0]) / tta.GLOBAL_BATCH)
+
+
+def run(args):
+    rows, steps = [], steps_per_epoch(args.workers)
+    with tempfile.TemporaryDirectory(prefix="tfdist_adaptive_") as directory:
+        for link in args.link_list:
+            launch_args = argparse.Namespace(workers=args.workers, link=link, seed=0,
+                                             epochs_of={"mlp": args.epochs},
+                                             timeout=args.timeout)
+            for repeat in range(args.repeats):
+                for i, config in enumerate(args.config_list):
+                    records = tta.launch(launch_args, "mlp", config, f"{link}-{repeat}-{i}",
+                                         directory, check=link != "none" and not rows)
+                    first, last = records[0], records[-1]
+                    rows.append({
+                        "link": link, "repeat": repeat, "config": config,
+                        "step_ms": 1e3 * (last["seconds"] - first["seconds"])
+                        / ((len(records) - 1) * steps),
+                        "first_epoch_s": first["seconds"],
+                        "mb_per_epoch": (last["bytes_sent"] - first["bytes_sent"])
+                        / (len(records) - 1) / 1e6,
+                        "test_accuracy": last["test_accuracy"],
+                        "choices": last.get("choices", [])})
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def summarize(rows, configs):
+    summary = []
+    for link in dict.fromkeys(r["link"] for r in rows):
+        per = {c: [r for r in rows if r["link"] == link and r["config"] == c] for c in configs}
+        med = {c: statistics.median(r["step_ms"] for r in rs) for c, rs in per.items() if rs}
+        fixed = {c: v for c, v in med.items() if c != "adaptive"}
+        best = min(fixed, key=fixed.get)
+        for config, rs in per.items():
+            times = [r["step_ms"] for r in rs]
+            summary.append({
+                "link": link, "config": config, "step_ms_min": min(times),
+                "step_ms_median": med[config], "first_epoch_s": statistics.median(
+                    r["first_epoch_s"] for r in rs),
+                "mb_per_epoch": statistics.median(r["mb_per_epoch"] for r in rs),
+                "test_accuracy": statistics.median(r["test_accuracy"] for r in rs),
+                "vs_dense": med[config] / med["sync"] if "sync" in med else None,
+                "vs_best_fixed": med[config] / fixed[best], "best_fixed": best,
+                "choices": sorted({c for r in rs for c in r["choices"]})})
+    return summary
+
+
+def print_table(summary):
+    print(f"{'link':>6} {'config':>10} {'ms/step min':>11} {'median':>7} {'epoch 1 s':>9} "
+          f"{'MB/epoch':>9} {'acc':>6} {'/dense':>7} {'/best':>6}  chosen")
+    for s in summary:
+        print(f"{s['link']:>6} {s['config']:>10} {s['step_ms_min']:11.1f} "
+              f"{s['step_ms_median']:7.1f} {s['first_epoch_s']:9.2f} {s['mb_per_epoch']:9.2f} "
+              f"{s['test_accuracy']:6.3f} {s['vs_dense']:7.2f} {s['vs_best_fixed']:6.2f}  "
+              f"{','.join(s['choices'])}")
+
+
+def plot(summary, path):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    links = list(dict.fromkeys(s["link"] for s in summary))
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 3.6), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        rows = [s for s in summary if s["link"] == link]
+        colors = ["tab:red" if s["config"] == "adaptive" else "tab:blue" for s in rows]
+        ax.bar([s["config"] for s in rows], [s["step_ms_median"] for s in rows], color=colors)
+        ax.set_title(f"MLP, 2 workers, link {link}")
+        ax.set_ylabel("steady ms per step (median)")
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows = run(args)
+    summary = summarize(rows, args.config_list)
+    print_table(summary)
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary},
+                                                      indent=1))
+    if args.png:
+        plot(summary, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
