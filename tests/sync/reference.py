@@ -59,6 +59,39 @@ def delayed_averaging(w0, rows, steps, num, lr, delay):
     return history, np.mean(ws, axis=0)
 
 
+def delayed_averaging_compressed(w0, rows, steps, num, lr, delay, send, total=None):
+    """Delayed averaging whose rounds carry compressed contributions.
+
+    In Keras' scaling each replica contributes k_i = g_i / num; it sends
+    c_i = send(k_i, r_i) (with error feedback r_i), and applies
+    g_i(t) - num c_i(t - D) + sum_j c_j(t - D). `send(vector, residual) ->
+    (sent, residual)`; `total(list of sent) -> their sum` as the wire adds them
+    (default: exact).
+    """
+    total = total or (lambda vectors: np.sum(vectors, axis=0))
+    ws = [w0.copy() for _ in range(num)]
+    residuals = [np.zeros_like(w0) for _ in range(num)]
+    sent, history = [], []
+    for t in range(steps):
+        grads = [gradient(ws[i], *rows(t, i)) for i in range(num)]
+        mine = []
+        for i in range(num):
+            c, residuals[i] = send(grads[i] / num, residuals[i])
+            mine.append(c)
+        sent.append(mine)
+        for i in range(num):
+            step = grads[i]
+            if t >= delay:
+                old = sent[t - delay]
+                step = step - num * old[i] + total(old)
+            ws[i] = ws[i] - lr * step
+        history.append([w.copy() for w in ws])
+    for t in range(max(0, steps - delay), steps):  # drain
+        for i in range(num):
+            ws[i] = ws[i] - lr * (total(sent[t]) - num * sent[t][i])
+    return history, np.mean(ws, axis=0)
+
+
 def stale_synchronous(w0, rows, steps, num, lr, staleness):
     """SSP: own gradient at once, the others' of step t at step t + s (1/N each)."""
     ws = [w0.copy() for _ in range(num)]

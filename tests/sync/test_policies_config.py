@@ -35,8 +35,25 @@ def test_bad_policy_arguments_are_rejected(policy, message):
         policy()
 
 
-@pytest.mark.parametrize("policy", ["stale_synchronous", "delayed_averaging",
-                                    "model_averaging"])
+@pytest.mark.parametrize("compression", ["topk", "qsgd", "powersgd"])
+@pytest.mark.parametrize("policy", ["stale_synchronous", "delayed_averaging"])
+def test_in_flight_rounds_refuse_compressors_that_need_more_than_one_all_reduce(
+        policy, compression):
+    needs = "two all-reduces" if compression == "powersgd" else "an all-gather"
+    with pytest.raises(ValueError, match=(
+            rf"sync='{policy}' holds each step's gradient all-reduce in flight, which takes "
+            rf"one-round reducible compressors \('fp16', 'bf16', 'randomk'\); "
+            rf"compression='{compression}' needs {needs} per step")):
+        tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
+
+
+@pytest.mark.parametrize("policy", ["stale_synchronous", "delayed_averaging"])
+@pytest.mark.parametrize("compression", ["fp16", "bf16", "randomk"])
+def test_in_flight_rounds_take_reducible_compressors(policy, compression):
+    tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
+
+
+@pytest.mark.parametrize("policy", ["model_averaging"])
 @pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16", "powersgd"])
 def test_policies_that_do_not_reduce_gradients_each_step_refuse_compression(policy,
                                                                             compression):

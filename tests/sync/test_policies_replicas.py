@@ -120,6 +120,47 @@ def test_delayed_averaging_follows_the_paper(delay, engine):
     assert stats["bytes_sent"] == stats["dense_bytes"] == steps * dense > 0
 
 
+def _float16(vector, residual):
+    sent = (vector + residual).astype(np.float16).astype(np.float64)
+    return sent, np.zeros_like(residual)
+
+
+def _float16_sum(vectors):  # the all-reduce adds float16 payloads in float16
+    return np.sum(np.asarray(vectors, np.float16), axis=0, dtype=np.float16).astype(np.float64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_delayed_averaging_sends_compressed_rounds(engine):
+    """fp16 rounds: the update uses the decompressed sum and own contribution d
+    steps late; half the bytes; random-k keeps its residual across rounds."""
+    steps, delay = 7, 2
+    w0, history, final, strategy, rows = fit(sync.DelayedAveraging(delay=delay), steps,
+                                             engine=engine, compression="fp16")
+    expected, drained = reference.delayed_averaging_compressed(w0, rows, steps, 2, LR, delay,
+                                                               _float16, _float16_sum)
+    for t in range(steps):
+        np.testing.assert_allclose(history[t], expected[t], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(final, [drained, drained], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(final[0], final[1])
+    stats = strategy.communication_stats()
+    ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    assert stats["bytes_sent"] == steps * ops.dense_wire_bytes(FEATURES, "float16")
+    assert stats["dense_bytes"] == steps * ops.dense_wire_bytes(FEATURES, "float32")
+    # The rounding is visible: not the dense reference's weights.
+    dense, _ = reference.delayed_averaging(w0, rows, steps, 2, LR, delay)
+    assert np.abs(np.asarray(history[-1]) - np.asarray(dense[-1])).max() > 1e-7
+
+
+def test_stale_synchronous_with_random_k_keeps_residuals():
+    *_, strategy, _ = fit(sync.StaleSynchronous(staleness=1), 6, num=2,
+                          compression={"name": "randomk", "ratio": 0.4})
+    residuals = strategy.state.buffers_ending("_float32_5")
+    assert list(residuals) == ["inflight_b0_float32_5"]
+    assert all(np.abs(v.numpy()).max() > 0 for v in residuals["inflight_b0_float32_5"])
+    stats = strategy.communication_stats()
+    assert stats["bytes_sent"] < stats["dense_bytes"]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("staleness", [1, 2])
 def test_stale_synchronous_follows_ssp(staleness, engine):

@@ -24,6 +24,7 @@ reports no accuracy loss up to D = 4 with SGD momentum on ImageNet.
 import dataclasses
 
 from tfdist_ext.registry import positive_int
+from tfdist_ext.sync import inflight_payloads
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.pipelined import PipelinedRunner
 
@@ -42,6 +43,10 @@ class DelayedAveraging(SyncPolicy):
 
     def __post_init__(self):
         positive_int("delay", self.delay)
+
+    def check_compression(self, compressor) -> None:
+        """One-round reducible compressors only (`inflight_payloads.check`)."""
+        inflight_payloads.check(self.name, compressor)
 
     def runner(self, strategy):
         return PipelinedRunner(strategy, self.delay, local_scale=float(

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfdist_ext.collectives import fusion
 from tfdist_ext.sync.inflight import InflightReductions
+from tfdist_ext.sync.inflight_payloads import Payloads
 from tfdist_ext.sync.tickets import InflightTickets
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
 
@@ -51,6 +52,8 @@ class PipelinedRunner(PolicyRunner):
                                                self.num_local, delay,
                                                timeout_seconds=timeout or 600.0)
         self._restore = None
+        self.payloads = Payloads(strategy.config.compression, self.cross_ops.state,
+                                 self.first_rank)
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         grads = _dense(grads)
@@ -58,13 +61,18 @@ class PipelinedRunner(PolicyRunner):
         buffers, restore = fusion.flatten_by_dtype(grads)
         self._restore = restore
         step = tf.cast(optimizer.iterations, tf.int64)
-        started = [self.inflight.start(step, replica, buffers)]
-        if replica == 0:  # each round is one dense gradient all-reduce
-            sent = sum(self.cross_ops.dense_wire_bytes(b.shape.num_elements(), b.dtype)
-                       for b in buffers)
-            started.append(self.cross_ops.state.count(sent, sent))
+        wire, residual_updates = self.payloads.compress(step, replica, buffers)
+        started = [self.inflight.start(step, replica, wire)] + residual_updates
+        if replica == 0:  # each round is one all-reduce of the (compressed) buffers
+            sent = sum(self.cross_ops.dense_wire_bytes(w.shape.num_elements(), w.dtype)
+                       for w in wire)
+            dense = sum(self.cross_ops.dense_wire_bytes(b.shape.num_elements(), b.dtype)
+                        for b in buffers)
+            started.append(self.cross_ops.state.count(sent, dense))
         with tf.control_dependencies(started):
-            sums, own = self.inflight.wait(step - self.delay, replica, buffers)
+            sums, own = self.inflight.wait(step - self.delay, replica, wire)
+        sums = self.payloads.decompress(step - self.delay, replica, sums)
+        own = self.payloads.decompress(step - self.delay, replica, own)
         updates = []
         for fresh, stale, total in zip(buffers, own, sums):
             scale = tf.cast(self.local_scale, fresh.dtype)
@@ -82,9 +90,12 @@ class PipelinedRunner(PolicyRunner):
         if not pending:
             return
         owed = [None] * self.num_local
-        for sums, contributions in pending.values():
+        for step, (sums, contributions) in pending.items():
             for r in range(self.num_local):
-                terms = [s - self.local_scale * c for s, c in zip(sums[r], contributions[r])]
+                dense_sums = self.payloads.decompress(step, r, sums[r])
+                mine = self.payloads.decompress(step, r, contributions[r])
+                terms = [np.asarray(s) - self.local_scale * np.asarray(c)
+                         for s, c in zip(dense_sums, mine)]
                 owed[r] = terms if owed[r] is None else [o + t for o, t in zip(owed[r], terms)]
         learning_rate = float(np.asarray(model.optimizer.learning_rate))
         variables = [_tf_variable(v) for v in model.trainable_variables]

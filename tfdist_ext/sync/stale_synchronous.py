@@ -26,6 +26,7 @@ keep the learning rate of synchronous training.
 import dataclasses
 
 from tfdist_ext.registry import positive_int
+from tfdist_ext.sync import inflight_payloads
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.pipelined import PipelinedRunner
 
@@ -44,6 +45,10 @@ class StaleSynchronous(SyncPolicy):
 
     def __post_init__(self):
         positive_int("staleness", self.staleness)
+
+    def check_compression(self, compressor) -> None:
+        """One-round reducible compressors only (`inflight_payloads.check`)."""
+        inflight_payloads.check(self.name, compressor)
 
     def runner(self, strategy):
         return PipelinedRunner(strategy, self.staleness, local_scale=1.0)
