@@ -85,8 +85,8 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     ({"allreduce": "rign"}, ValueError, r"Unknown allreduce algorithm 'rign'. Valid names: 'native', 'all_to_all', "
      r"'butterfly', 'halving_doubling', 'master_worker', 'ring', 'round_robin', 'tree'"),
     ({"compression": "topkk"}, ValueError,
-     r"Unknown compression 'topkk'. Valid names: 'bf16', 'fp16', 'int8', 'none', 'powersgd', "
-     r"'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
+     r"Unknown compression 'topkk'. Valid names: 'adaptive', 'bf16', 'fp16', 'int8', 'none', "
+     r"'powersgd', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
     ({"sync": "async"}, ValueError,
      r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'diloco', 'gossip', "
      r"'local_sgd', 'model_averaging', 'stale_synchronous', 'sync'"),

@@ -38,9 +38,10 @@ class Adaptive(Compressor):
        included) and relative error ||r'|| / ||g + r|| (r: the residual
        before, r': after; 0 for "none").
     2. Decide: per bucket, among candidates with median error <= `max_error`,
-       the fastest; a candidate listed earlier (less compression) wins if it
-       is within `tolerance` of the fastest. The chief's decisions are
-       broadcast, so every worker reduces alike, and logged.
+       the fastest (by its fastest probe step: noise only adds time); a
+       candidate listed earlier (less compression) wins if it is within
+       `tolerance` of the fastest. The chief's decisions are broadcast, so
+       every worker reduces alike, and logged.
     3. Watch: the median step time of every `check_every` steps is compared
        with the one right after the decision; a change by more than `drift`
        (a slower or faster link, a straggler) starts a new probe, as does
@@ -131,7 +132,8 @@ def choose(seconds, errors, max_error, tolerance):
     """Per bucket, the index of the candidate to use (a pure function).
 
     Args:
-        seconds: seconds[c][b], candidate c's median reduction time of bucket b.
+        seconds: seconds[c][b], candidate c's reduction time of bucket b (the
+            controller passes the fastest of its probe steps).
         errors: errors[c][b], its median relative error there.
         max_error: Candidates above it on a bucket are not considered there
             (if every candidate is, the least erroneous one is used).
