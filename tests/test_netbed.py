@@ -1,7 +1,9 @@
-"""tfdist-run --link-bandwidth: namespaces, tc shaping, and that nothing is left behind.
+"""tfdist-run --link-bandwidth / --link-latency: namespaces, tc shaping, the NFQUEUE
+delay line, and that nothing is left behind.
 
-Needs root and iproute2 (`ip`, `tc`); those tests skip otherwise. The argument
-checks run everywhere.
+Needs root and iproute2 (`ip`, `tc`); the delay tests also need iptables and the
+fnfqueue package. Those tests skip otherwise, with the reason. The argument checks
+and the delay line's own test run everywhere.
 """
 
 import os
@@ -15,13 +17,25 @@ import time
 import pytest
 
 from conftest import ROOT, read_worker_json
-from tfdist_ext.launch import cli, netbed
+from tfdist_ext.launch import cli, delayer, netbed
 
 _MISSING = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
 needs_netbed = pytest.mark.skipif(
     os.geteuid() != 0 or bool(_MISSING),
     reason=("network namespaces and tc need root" if os.geteuid() != 0 else
             f"iproute2 not installed (missing {', '.join(_MISSING)})"))
+
+
+def _latency_problem():
+    try:
+        netbed.check_available(latency=True)
+    except netbed.NetBedError as err:
+        return str(err)
+    return None
+
+
+needs_latency = pytest.mark.skipif(_latency_problem() is not None,
+                                   reason=f"no delay line here: {_latency_problem()}")
 
 # Records its pid, a child's pid and its TF_CONFIG address, then hangs.
 WORKER = """
@@ -46,6 +60,19 @@ def _state():
     if os.path.isdir(netbed.MARKER_DIR):
         names |= {f"marker:{n}" for n in os.listdir(netbed.MARKER_DIR)}
     return names
+
+
+def _delay_lines():
+    """Pids of the delay-line processes running now."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"tfdist_ext.launch.delayer" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 def _launch(*args):
@@ -79,15 +106,38 @@ def test_shaped_link_rate_and_keras_fit(tmp_path):
     assert _state() <= before, out  # (b) every namespace, link, qdisc and marker gone
 
 
+@needs_latency
+@pytest.mark.multiworker
+def test_latency_round_trip_rate_and_collectives(tmp_path):
+    before, lines_before = _state(), _delay_lines()
+    launcher = _launch("-np", 2, "--timeout", 120, "--link-bandwidth", "50mbit",
+                       "--link-latency", "50ms", "--check", "--", sys.executable,
+                       ROOT / "tests/workers/latency_checks.py", tmp_path)
+    out, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, out
+    assert "50 ms one way between workers (round trip 100 ms; NFQUEUE delay line)" in out
+    mbit = float(re.search(r"measured [\d.]+ MB/s = ([\d.]+) Mbit/s", out).group(1))
+    rtt = float(re.search(r"round trip ([\d.]+) ms \(requested 100 ms", out).group(1))
+    assert abs(mbit - 50) / 50 < 0.25, out
+    assert abs(rtt - 100) / 100 < 0.2, out
+    for result in read_worker_json(tmp_path, 2):
+        for engine in result.values():  # one message each way: at least one round trip
+            assert engine["sum"] == 2.0 and 0.1 <= engine["seconds"] < 1.0, result
+    assert _state() <= before, out
+    assert set(_delay_lines()) <= set(lines_before), out
+
+
 @needs_netbed
-@pytest.mark.parametrize("how, code", [("sigint", 130), ("timeout", 124)])
-def test_stopped_shaped_job_leaves_nothing(tmp_path, how, code):
-    before = _state()
+@pytest.mark.parametrize("how, code, latency", [
+    ("sigint", 130, []), ("timeout", 124, []),
+    pytest.param("sigint", 130, ["--link-latency", "5ms"], marks=needs_latency)])
+def test_stopped_shaped_job_leaves_nothing(tmp_path, how, code, latency):
+    before, lines_before = _state(), _delay_lines()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     extra = ["--timeout", 4] if how == "timeout" else []
-    launcher = _launch("-np", 2, "--grace", 1, "--link-bandwidth", "10mbit", *extra,
-                       sys.executable, script, tmp_path)
+    launcher = _launch("-np", 2, "--grace", 1, "--link-bandwidth", "10mbit", *latency,
+                       *extra, sys.executable, script, tmp_path)
     deadline = time.monotonic() + 30
     files = [tmp_path / f"pids{i}" for i in range(2)]
     while not all(f.exists() and f.read_text() for f in files):
@@ -103,6 +153,47 @@ def test_stopped_shaped_job_leaves_nothing(tmp_path, how, code):
     time.sleep(0.2)
     assert [p for r in records for p in r[:2] if _alive(int(p))] == [], out
     assert _state() <= before, out
+    assert set(_delay_lines()) <= set(lines_before), out
+
+
+@needs_latency
+def test_killed_launcher_with_delay_lines_is_cleaned(tmp_path):
+    before, lines_before = _state(), _delay_lines()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    launcher = _launch("-np", 2, "--link-latency", "5ms", sys.executable, script, tmp_path)
+    deadline = time.monotonic() + 30
+    files = [tmp_path / f"pids{i}" for i in range(2)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+        time.sleep(0.05)
+    lines = set(_delay_lines()) - set(lines_before)
+    assert len(lines) == 2
+    launcher.kill()
+    launcher.wait()
+    assert all(_alive(p) for p in lines)  # orphaned until the next start cleans them
+    assert netbed.clean_leftovers()
+    time.sleep(0.2)
+    workers = [int(p) for f in files for p in f.read_text().split()[:2]]
+    assert [p for p in [*lines, *workers] if _alive(p)] == []
+    assert _state() <= before
+
+
+def test_delay_line_holds_each_packet_for_the_delay_in_order():
+    released = []
+    line = delayer.DelayLine(0.05, lambda item: released.append((item, time.monotonic())))
+    start = time.monotonic()
+    for item in range(5):
+        line.hold((item, time.monotonic()))
+        time.sleep(0.01)
+    time.sleep(0.15)
+    assert [item[0] for item, _ in released] == list(range(5))
+    assert all(0.05 <= at - held < 0.07 for (_, held), at in released), released
+    line.hold(("late", time.monotonic()))
+    line.close()  # releases what it holds at once
+    assert released[-1][0][0] == "late" and time.monotonic() - start < 0.3
+    with pytest.raises(ValueError, match="`delay` must be >= 0 seconds; received -1"):
+        delayer.DelayLine(-1, print)
 
 
 @needs_netbed
@@ -136,10 +227,11 @@ def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
     (["--link-bandwidth", "fast"], "argument --link-bandwidth: must be a tc rate of at "
                                    "least 8kbit such as 100kbit, 50mbit, 1gbit or 10mbps"),
     (["--link-bandwidth", "50"], "received '50'"),
-    (["--link-bandwidth", "50mbit", "--link-latency", "50ms"],
-     "argument --link-latency: link delay is not emulated; only bandwidth is (tc HTB)"),
-    (["--link-latency", "soon"], "must be a delay such as 50ms"),
-    (["--check"], "argument --check: needs --link-bandwidth and -np >= 2"),
+    (["--link-latency", "soon"], "argument --link-latency: must be a delay such as 50ms, "
+                                 "500us or 1s; received 'soon'"),
+    (["--link-latency", "50"], "received '50'"),
+    (["--check"], "argument --check: needs --link-bandwidth or --link-latency, and "
+                  "-np >= 2"),
 ])
 def test_bad_network_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -160,6 +252,17 @@ def test_missing_privilege_or_tools_say_what_and_how(monkeypatch, capsys):
     with pytest.raises(netbed.NetBedError,
                        match=r"needs `ip` and `tc` \(iproute2\); not found on PATH: tc\. "):
         netbed.check_available()
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "iptables" else "/x")
+    with pytest.raises(netbed.NetBedError,
+                       match=r"--link-latency needs `iptables` .*\(apt-get install -y "
+                             r"iptables\), or leave out --link-latency"):
+        netbed.check_available(latency=True)
+    monkeypatch.setattr(shutil, "which", lambda tool: "/bin/x")
+    monkeypatch.setitem(sys.modules, "fnfqueue", None)  # as if not installed
+    with pytest.raises(netbed.NetBedError,
+                       match=r"needs the Python package fnfqueue .*pip install "
+                             r"'fnfqueue>=1.1.2,<1.2'"):
+        netbed.check_available(latency=True)
 
 
 @needs_netbed

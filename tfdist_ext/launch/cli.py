@@ -4,10 +4,10 @@ Examples:
     tfdist-run -np 2 python examples/keras_fit.py --epochs 5
     tfdist-run -np 4 --timeout 600 -- python train.py --lr 0.1
     tfdist-run -np 2 --link-bandwidth 50mbit --check -- python train.py  # needs root
+    tfdist-run -np 2 --link-bandwidth 50mbit --link-latency 50ms -- python train.py
 """
 
 import argparse
-import re
 import signal
 import socket
 import sys
@@ -65,9 +65,10 @@ def _hosts(text):
 
 
 def _delay(text):
-    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", text.strip().lower()):
-        raise argparse.ArgumentTypeError(
-            f"must be a delay such as 50ms, 500us or 1s; received {text!r}")
+    try:
+        netbed.parse_delay(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 
@@ -81,7 +82,9 @@ def _stop(signum, _frame):
 
 def _run_shaped(args, command, launcher) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
-    bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say)
+    latency = netbed.parse_delay(args.link_latency) if args.link_latency else None
+    bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
+                        latency=latency)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with bed:
@@ -130,11 +133,14 @@ def build_parser():
                              "link shaped to RATE each way (tc syntax: 100kbit, 50mbit, "
                              "1gbit); needs root and iproute2")
     parser.add_argument("--link-latency", type=_delay, default=None, metavar="DELAY",
-                        help="not supported: only bandwidth is emulated (no netem)")
+                        help="run each worker in its own network namespace and delay "
+                             "every packet between two workers by DELAY one way (50ms: "
+                             "100 ms round trip); combines with --link-bandwidth; needs "
+                             "root, iptables and the fnfqueue package")
     parser.add_argument("--check", action="store_true",
-                        help="with --link-bandwidth: measure TCP throughput from worker 0 "
-                             "to worker 1 before running the command (which may be "
-                             "omitted)")
+                        help="with --link-bandwidth or --link-latency: measure the round "
+                             "trip and TCP throughput from worker 0 to worker 1 before "
+                             "running the command (which may be omitted)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments")
     return parser
@@ -153,21 +159,21 @@ def main(argv=None) -> int:
         parser.error(f"argument -np: {args.num_workers} workers do not fit the "
                      f"{args.hosts} slots of -H; raise the slots (-H localhost:"
                      f"{args.num_workers}) or lower -np")
-    if args.link_latency is not None:
-        parser.error(f"argument --link-latency: {netbed.LATENCY_UNSUPPORTED}.")
-    if args.check and (args.link_bandwidth is None or args.num_workers < 2):
-        parser.error("argument --check: needs --link-bandwidth and -np >= 2")
+    shaped = args.link_bandwidth is not None or args.link_latency is not None
+    if args.check and (not shaped or args.num_workers < 2):
+        parser.error("argument --check: needs --link-bandwidth or --link-latency, "
+                     "and -np >= 2")
     if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
-    if args.link_bandwidth is not None:
+    if shaped:
         try:
-            netbed.check_available()
+            netbed.check_available(latency=args.link_latency is not None)
         except netbed.NetBedError as err:
             parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
                         verbose=args.verbose, max_restarts=args.max_restarts)
     try:
-        if args.link_bandwidth is not None:
+        if shaped:
             return _run_shaped(args, command, launcher)
         return launcher.run()
     except FileNotFoundError as err:

@@ -120,7 +120,8 @@ class Launcher:
         env: Extra environment variables for every worker.
         out: Stream for the prefixed output and the launcher's messages.
         network: A `netbed.NetBed` that is set up (or None): worker i then runs
-            in its namespace and TF_CONFIG names the namespaces' addresses; UCX
+            in its namespace and TF_CONFIG names the namespaces' addresses; the
+            job stops (exit code 1) if `network.problem()` reports one; UCX
             is limited to TCP (``UCX_TLS=tcp`` unless set), so the native
             engine's bytes cross the shaped links like TF's.
         max_restarts: How many times the whole job is started again after a
@@ -259,6 +260,12 @@ class Launcher:
                 self.say(f"timeout of {self.timeout:g} s reached; stopping all workers.")
                 self.stop_all()
                 return EXIT_TIMEOUT
+            problem = self.network.problem() if self.network else None
+            if problem is not None:
+                self._failure = problem
+                self.say(f"network test bed: {problem}; stopping all workers.")
+                self.stop_all()
+                return 1
             for worker in self.workers:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:

@@ -11,10 +11,12 @@ each worker's egress (namespace side: what it sends) and ingress (bridge side:
 what it receives) is capped at the rate, like a full-duplex switch port of
 that speed. Two workers talking therefore see the rate in each direction.
 
-Only bandwidth is emulated. Delay needs the kernel's `netem` qdisc, which the
-kernels we run on lack; a user-space TCP proxy would delay data but not TCP's
-handshakes and ACKs (it acknowledges at once), so congestion control would not
-see the added round-trip time. See `LATENCY_UNSUPPORTED`.
+Delay (`latency`, one way between any two workers): this kernel has no `netem`
+qdisc, so each namespace queues what arrives on its link (iptables NFQUEUE on
+PREROUTING, the receiver's side) to a delay line, `delayer.py`, that releases every
+packet `latency` seconds after it arrived. Handshakes, data and ACKs are all
+delayed, so TCP sees the round-trip time 2 x latency as on a long link, and the
+bandwidth shaping still applies. A delay line that dies is reported by `problem()`.
 
 Everything created is named after a short random job id, and a marker file
 /run/tfdist_netbed/<job> holds the launcher's pid (and its start time). A run
@@ -29,16 +31,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from typing import List, Optional
 
 MARKER_DIR = "/run/tfdist_netbed"
 SUBNET_PREFIX = "10.213"  # 10.213.B.0/24, B chosen per job among unused ones.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_NETBED = "leave out --link-bandwidth: the plain launcher works without it"
-LATENCY_UNSUPPORTED = (
-    "link delay is not emulated; only bandwidth is (tc HTB). Delay needs the kernel's "
-    "netem qdisc, which this machine's kernel lacks, and a user-space proxy would "
-    "delay data but not TCP's handshakes and ACKs, so it would not act like a slower "
-    "link. Drop --link-latency")
+NO_LATENCY = "leave out --link-latency: bandwidth shaping works without it"
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|[kmgt]i?bit|bps|[kmgt]i?bps)$")
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
@@ -68,18 +68,48 @@ def parse_rate(text: str) -> float:
     return bps
 
 
-def check_available():
-    """Raises NetBedError unless we are root and `ip` and `tc` are installed."""
+_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+
+
+def parse_delay(text: str) -> float:
+    """Seconds of a delay such as '50ms', '500us' or '1s'.
+
+    Raises:
+        ValueError: naming the text received and the accepted forms.
+    """
+    match = _DELAY.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"must be a delay such as 50ms, 500us or 1s; received {text!r}")
+    return float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2)]
+
+
+def check_available(latency: bool = False):
+    """Raises NetBedError unless we are root and the tools are installed: `ip` and `tc`,
+    and with `latency` also `iptables` and the `fnfqueue` package."""
+    option = "--link-latency" if latency else "--link-bandwidth"
     if os.geteuid() != 0:
         raise NetBedError(
-            f"--link-bandwidth needs root (network namespaces and tc); running as uid "
-            f"{os.geteuid()}. Run as root, or {NO_NETBED}.")
+            f"{option} needs root (network namespaces and tc); running as uid "
+            f"{os.geteuid()}. Run as root, or {NO_NETBED if not latency else NO_LATENCY}.")
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise NetBedError(
-            f"--link-bandwidth needs `ip` and `tc` (iproute2); not found on PATH: "
+            f"{option} needs `ip` and `tc` (iproute2); not found on PATH: "
             f"{', '.join(missing)}. Install iproute2 (apt-get install -y iproute2), or "
             f"{NO_NETBED}.")
+    if not latency:
+        return
+    if shutil.which("iptables") is None:
+        raise NetBedError(
+            f"--link-latency needs `iptables` (its NFQUEUE target hands packets to the "
+            f"delay line); not found on PATH. Install it (apt-get install -y iptables), "
+            f"or {NO_LATENCY}.")
+    try:
+        import fnfqueue  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as err:
+        raise NetBedError(
+            f"--link-latency needs the Python package fnfqueue (netfilter queue): {err}. "
+            f"Install it (pip install 'fnfqueue>=1.1.2,<1.2'), or {NO_LATENCY}.") from None
 
 
 def _run(*argv, check=True) -> str:
@@ -155,27 +185,38 @@ def _subnets_in_use() -> List[ipaddress.IPv4Network]:
 
 
 class NetBed:
-    """N namespaces on one bridge, each link shaped to `rate`.
+    """N namespaces on one bridge, each link shaped to `rate` and delayed by `latency`.
 
     Args:
         num_workers: Namespaces to create (one per worker).
-        rate: A tc rate, e.g. '50mbit' (validated by `parse_rate`).
+        rate: A tc rate, e.g. '50mbit' (validated by `parse_rate`), or None for
+            links as fast as the machine.
         log: Callable taking one line, for what the bed does (e.g. cleaning).
+        latency: One-way delay in seconds between any two workers (each packet is
+            held that long on arriving at its receiver's namespace), or None.
+            Long delays need large TCP buffers to fill the link: the namespaces get
+            `tcp_rmem`/`tcp_wmem` maxima of 4 x the bandwidth-delay product (at
+            least the kernel's defaults).
 
     Use `with NetBed(...) as bed:` or `setup()` / `teardown()`; `bed.addresses[i]`
     is worker i's IPv4 address and `bed.wrap(i, argv)` runs argv inside its namespace.
     """
 
-    def __init__(self, num_workers: int, rate: str, log=None):
+    def __init__(self, num_workers: int, rate: Optional[str], log=None,
+                 latency: Optional[float] = None):
         if not 1 <= num_workers <= 253:
             raise ValueError(f"NetBed: `num_workers` must be 1..253 (one /24); "
                              f"received {num_workers}")
-        self.rate_bps = parse_rate(rate)
-        self.rate = rate.strip().lower()
+        if latency is not None and not 0 <= latency <= 10:
+            raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received {latency}")
+        self.rate_bps = parse_rate(rate) if rate is not None else None
+        self.rate = rate.strip().lower() if rate is not None else None
+        self.latency = latency
         self.num_workers = num_workers
         self.log = log or (lambda line: None)
         self.addresses: List[str] = []
         self._created = False
+        self._delayers: List[subprocess.Popen] = []
         self._name("%05x" % random.getrandbits(20))
 
     def _name(self, job: str):
@@ -198,7 +239,7 @@ class NetBed:
              "quantum", "60000")
 
     def setup(self) -> "NetBed":
-        check_available()
+        check_available(latency=self.latency is not None)
         clean_leftovers(self.log)
         os.makedirs(MARKER_DIR, exist_ok=True)
         while os.path.exists(os.path.join(MARKER_DIR, self.job)):  # id taken: draw again
@@ -224,15 +265,60 @@ class NetBed:
                 _run("ip", "-n", netns, "link", "set", "lo", "up")
                 _run("ip", "-n", netns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", inner)
                 _run("ip", "-n", netns, "link", "set", inner, "up")
-                self._shape(inner, netns)
-                self._shape(outer)
+                if self.rate is not None:
+                    self._shape(inner, netns)
+                    self._shape(outer)
+                if self.latency is not None:
+                    self._delay(i, inner)
                 self.addresses.append(f"{subnet}.{i + 1}")
         except BaseException:
             self.teardown()
             raise
         self.log(f"network test bed {self.job}: {self.num_workers} namespaces on "
-                 f"{subnet}.0/24, every link shaped to {self.rate} each way (tc HTB).")
+                 f"{subnet}.0/24, {self.describe()}.")
         return self
+
+    def describe(self) -> str:
+        """What the links emulate, in words."""
+        parts = [f"every link shaped to {self.rate} each way (tc HTB)"] if self.rate else []
+        if self.latency is not None:
+            parts.append(f"{self.latency * 1e3:g} ms one way between workers (round trip "
+                         f"{2 * self.latency * 1e3:g} ms; NFQUEUE delay line)")
+        return ", ".join(parts) or "links unshaped"
+
+    def _delay(self, index: int, device: str):
+        """Starts worker `index`'s delay line, then queues what arrives on `device` to it."""
+        netns = self.namespaces[index]
+        if self.rate_bps:
+            # Enough buffer for the window to cover 2 x the round trip at full rate.
+            need = int(4 * self.rate_bps / 8 * 2 * self.latency)
+            for knob, default in (("tcp_rmem", 6291456), ("tcp_wmem", 4194304)):
+                current = _run("ip", "netns", "exec", netns, "sysctl", "-n",
+                               f"net.ipv4.{knob}").split()
+                _run("ip", "netns", "exec", netns, "sysctl", "-q", "-w",
+                     f"net.ipv4.{knob}={current[0]} {current[1]} {max(need, default)}")
+        delayer = subprocess.Popen(
+            self.wrap(index, [sys.executable, "-m", "tfdist_ext.launch.delayer",
+                              "--queue", "0", "--delay", repr(self.latency)]),
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)))
+        self._delayers.append(delayer)
+        if delayer.stdout.readline().strip() != "ready":
+            raise NetBedError(f"the delay line of worker {index} failed to start "
+                              f"(exit {delayer.wait()}); its error is above")
+        # No rule before the line is bound: NFQUEUE drops packets nobody reads.
+        _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A", "PREROUTING",
+             "-i", device, "-j", "NFQUEUE", "--queue-num", "0")
+
+    def problem(self) -> Optional[str]:
+        """Why the links no longer emulate what was asked (a delay line died), or None."""
+        for index, delayer in enumerate(self._delayers):
+            code = delayer.poll()
+            if code is not None:
+                return (f"the delay line of worker {index} (pid {delayer.pid}) exited "
+                        f"with code {code}: packets to worker {index} are dropped")
+        return None
 
     def teardown(self):
         """Removes everything `setup` created; safe to call twice or after a failed setup."""
@@ -241,7 +327,10 @@ class NetBed:
         # A Ctrl-C now would leave half a bed behind: hold SIGINT/SIGTERM until done.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            remove_job(self.job)
+            remove_job(self.job)  # kills the delay lines with their namespaces
+            for delayer in self._delayers:
+                delayer.wait()
+            self._delayers = []
             self._created = False
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)

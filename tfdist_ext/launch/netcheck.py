@@ -1,11 +1,13 @@
-"""Measures the TCP throughput a `NetBed` link achieves, next to the rate requested.
+"""Measures the round trip and TCP throughput of a `NetBed` link, next to those requested.
 
-    python -m tfdist_ext.launch.netcheck --link-bandwidth 50mbit   # builds its own bed
+    python -m tfdist_ext.launch.netcheck --link-bandwidth 50mbit [--link-latency 50ms]
     tfdist-run -np 2 --link-bandwidth 50mbit --check [-- cmd ...]  # same, then runs cmd
 
-A receiver in worker 1's namespace accepts one connection and times the bytes
-from the first to the last; a sender in worker 0's namespace writes them. The
-amount is about 1.5 s of traffic at the requested rate (5 MB to 256 MB).
+A receiver in worker 1's namespace accepts one connection. The sender in worker 0's
+namespace first bounces one byte off it 10 times (TCP_NODELAY; the median is the
+round trip), then writes the bulk; the receiver times the bytes from the first to
+the last. The amount is about 1.5 s of traffic at the requested rate plus 20 round
+trips for TCP's slow start (5 MB to 256 MB).
 """
 
 import argparse
@@ -13,34 +15,48 @@ import dataclasses
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 _CHUNK = 64 * 1024
+_PINGS = 10
 
 
 @dataclasses.dataclass
-class Throughput:
-    requested_bps: float
+class LinkCheck:
+    requested_bps: Optional[float]
+    requested_rtt: Optional[float]
     nbytes: int
     seconds: float
+    rtt: float
 
     @property
     def mbit_s(self) -> float:
         return self.nbytes * 8 / self.seconds / 1e6
 
     def __str__(self):
-        percent = self.mbit_s * 1e8 / self.requested_bps
-        return (f"measured {self.nbytes / self.seconds / 1e6:.2f} MB/s = {self.mbit_s:.1f} "
-                f"Mbit/s over {self.nbytes / 1e6:.1f} MB (requested "
-                f"{self.requested_bps / 1e6:g} Mbit/s, {percent:.0f}%)")
+        rtt = f"round trip {self.rtt * 1e3:.2f} ms"
+        if self.requested_rtt is not None:
+            rtt += (f" (requested {self.requested_rtt * 1e3:g} ms, "
+                    f"{self.rtt * 100 / self.requested_rtt:.0f}%)")
+        rate = (f"measured {self.nbytes / self.seconds / 1e6:.2f} MB/s = {self.mbit_s:.1f} "
+                f"Mbit/s over {self.nbytes / 1e6:.1f} MB")
+        if self.requested_bps is not None:
+            rate += (f" (requested {self.requested_bps / 1e6:g} Mbit/s, "
+                     f"{self.mbit_s * 1e8 / self.requested_bps:.0f}%)")
+        return f"{rate}; {rtt}"
 
 
 def _receive(host, port):
     server = socket.create_server((host, port))
     print("ready", flush=True)
     conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(_PINGS):
+        conn.sendall(conn.recv(1))
     nbytes, first = 0, None
     while True:
         data = conn.recv(1 << 20)
@@ -55,15 +71,25 @@ def _receive(host, port):
 def _send(host, port, nbytes):
     block = os.urandom(_CHUNK)
     with socket.create_connection((host, port), timeout=60) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(_PINGS):
+            start = time.perf_counter()
+            conn.sendall(b"x")
+            conn.recv(1)
+            rtts.append(time.perf_counter() - start)
+        print(json.dumps({"rtt": statistics.median(rtts)}), flush=True)
         while nbytes > 0:
             conn.sendall(block[:min(nbytes, _CHUNK)])
             nbytes -= _CHUNK
 
 
-def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> Throughput:
-    """TCP throughput from worker `sender`'s namespace to worker `receiver`'s."""
+def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> LinkCheck:
+    """Round trip and TCP throughput from worker `sender`'s namespace to `receiver`'s."""
+    requested_rtt = 2 * bed.latency if bed.latency is not None else None
     if nbytes is None:
-        nbytes = int(min(256e6, max(5e6, bed.rate_bps / 8 * 1.5)))
+        seconds = 1.5 + 20 * (requested_rtt or 0)
+        nbytes = int(min(256e6, max(5e6, (bed.rate_bps or 1e9) / 8 * seconds)))
     me = [sys.executable, "-m", "tfdist_ext.launch.netcheck"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -77,13 +103,16 @@ def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> Throughput:
         if recv.stdout.readline().strip() != "ready":
             raise RuntimeError(f"throughput receiver failed to start (exit {recv.wait()})")
         send = subprocess.Popen(
-            bed.wrap(sender, [*me, "--send", host, str(port), str(nbytes)]), env=env)
+            bed.wrap(sender, [*me, "--send", host, str(port), str(nbytes)]), env=env,
+            stdout=subprocess.PIPE, text=True)
         procs.append(send)
         out, _ = recv.communicate(timeout=120)
-        if send.wait(timeout=30) != 0 or recv.returncode != 0:
-            raise RuntimeError("throughput check failed (see the messages above)")
+        sent, _ = send.communicate(timeout=30)
+        if send.returncode != 0 or recv.returncode != 0:
+            raise RuntimeError("link check failed (see the messages above)")
         result = json.loads(out)
-        return Throughput(bed.rate_bps, result["bytes"], result["seconds"])
+        return LinkCheck(bed.rate_bps, requested_rtt, result["bytes"], result["seconds"],
+                         json.loads(sent)["rtt"])
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -96,6 +125,8 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--link-bandwidth", metavar="RATE", default="50mbit",
                         help="tc rate of each link (default 50mbit)")
+    parser.add_argument("--link-latency", metavar="DELAY", default=None,
+                        help="one-way delay between the two workers (e.g. 50ms)")
     parser.add_argument("--bytes", type=int, default=None, help="bytes to move")
     parser.add_argument("--serve", nargs=2, metavar=("HOST", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--send", nargs=3, metavar=("HOST", "PORT", "N"),
@@ -110,11 +141,16 @@ def main(argv=None) -> int:
     from tfdist_ext.launch import netbed  # pylint: disable=import-outside-toplevel
     try:
         netbed.parse_rate(args.link_bandwidth)
-        with netbed.NetBed(2, args.link_bandwidth,
-                           log=lambda line: print(f"netcheck: {line}")) as bed:
-            print(f"netcheck: {measure(bed, nbytes=args.bytes)}")
     except ValueError as err:
         parser.error(f"argument --link-bandwidth: {err}")
+    try:
+        latency = netbed.parse_delay(args.link_latency) if args.link_latency else None
+    except ValueError as err:
+        parser.error(f"argument --link-latency: {err}")
+    try:
+        with netbed.NetBed(2, args.link_bandwidth, latency=latency,
+                           log=lambda line: print(f"netcheck: {line}")) as bed:
+            print(f"netcheck: {measure(bed, nbytes=args.bytes)}")
     except netbed.NetBedError as err:
         print(f"netcheck: {err}", file=sys.stderr)
         return 1
