@@ -179,6 +179,28 @@ def test_killed_launcher_with_delay_lines_is_cleaned(tmp_path):
     assert _state() <= before
 
 
+@needs_latency
+def test_dead_delay_line_stops_the_job_naming_it(tmp_path):
+    before, lines_before = _state(), _delay_lines()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    launcher = _launch("-np", 2, "--grace", 1, "--link-latency", "5ms", sys.executable,
+                       script, tmp_path)
+    deadline = time.monotonic() + 30
+    files = [tmp_path / f"pids{i}" for i in range(2)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+        time.sleep(0.05)
+    lines = sorted(set(_delay_lines()) - set(lines_before))
+    os.kill(lines[1], signal.SIGKILL)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 1, out
+    assert re.search(r"network test bed: the delay line of worker \d \(pid \d+\) exited "
+                     r"with code -9: packets to worker \d are dropped; stopping all workers",
+                     out), out
+    assert _state() <= before, out
+
+
 def test_delay_line_holds_each_packet_for_the_delay_in_order():
     released = []
     line = delayer.DelayLine(0.05, lambda item: released.append((item, time.monotonic())))
