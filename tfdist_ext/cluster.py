@@ -39,6 +39,11 @@ class ClusterSpec:
     def num_workers(self) -> int:
         return sum(len(self.jobs.get(job, ())) for job in _WORKER_JOBS)
 
+    @property
+    def worker_addresses(self) -> List[str]:
+        """"host:port" of every worker task, in the order of their ids (chief first)."""
+        return [a for job in _WORKER_JOBS for a in self.jobs.get(job, ())]
+
     def resolver(self):
         """A `tf.distribute` cluster resolver for this spec."""
         return _compat.SimpleClusterResolver(

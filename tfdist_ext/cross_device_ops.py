@@ -39,8 +39,8 @@ import threading
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing
-from tfdist_ext.collectives import auto, cost, fusion
+from tfdist_ext import _compat, bucketing, cluster
+from tfdist_ext.collectives import auto, cost, fusion, hierarchical
 from tfdist_ext.collectives import engine as engine_lib
 from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.compression import Bucket, Communicator, NoCompression, hooks
@@ -81,6 +81,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._engine = None
         self._engine_role = engine_role
         self._engine_lock = threading.Lock()
+        self._rank_hosts = None
         self._state = None
         self.calibration = None  # set by the strategy when "auto" is used
         self.refiner = None      # likewise
@@ -130,9 +131,47 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                                    "create the strategy with tfdist_ext.Strategy(...).")
             if self.refiner is not None and refine:
                 return self.refiner.choose(num_bytes, itemsize)
-            return auto.choose(self.calibration, num_bytes, itemsize,
-                               self.config.allreduce.candidates)
+            return auto.choose(self.calibration, num_bytes, itemsize, self.auto_candidates)
         return name
+
+    @property
+    def rank_hosts(self):
+        """Host id of every global rank (`AllReduce.hosts`, else TF_CONFIG's addresses)."""
+        if self._rank_hosts is None:
+            per_worker = len(self._devices)
+            given = self.config.allreduce.hosts
+            if given is not None:
+                workers = self._group_size // per_worker
+                if len(given) not in (workers, self._group_size):
+                    raise ValueError(
+                        f"Argument `hosts` lists {len(given)} hosts ({given}) but the job has "
+                        f"{workers} worker(s) of {per_worker} replica(s); give the host of "
+                        f"every worker (or of every replica without TF_CONFIG).")
+                repeat = per_worker if len(given) == workers else 1
+                self._rank_hosts = tuple(h for h in given for _ in range(repeat))
+            else:
+                spec = cluster.cluster_from_env()
+                addresses = spec.worker_addresses if spec else ["localhost:0"]
+                self._rank_hosts = hierarchical.hosts_from_addresses(addresses, per_worker)
+        return self._rank_hosts
+
+    @property
+    def auto_candidates(self):
+        """What "auto" chooses from: `AllReduce.candidates`, else every algorithm, with
+        "hierarchical" when the job spans several hosts and some host runs several ranks."""
+        given = self.config.allreduce.candidates
+        if given:
+            return tuple(sorted(given))
+        groups = hierarchical.host_groups(self.rank_hosts)
+        layered = len(groups) > 1 and any(len(g) > 1 for g in groups)
+        return auto.candidates_or_all(None) + ((hierarchical.NAME,) if layered else ())
+
+    def algorithm_spec(self, name):
+        """What the engines and the cost model run for the algorithm `name`: the name
+        itself, or for "hierarchical" its schedule for this job's hosts."""
+        if name != hierarchical.NAME:
+            return name
+        return hierarchical.Hierarchical(self.rank_hosts, self.config.allreduce.inter_host)
 
     def dense_wire_bytes(self, num_elements, dtype):
         """Bytes this worker's first replica sends to all-reduce such a buffer densely."""
@@ -142,7 +181,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
 
     def _wire_bytes(self, algorithm, num_elements, itemsize, replica_id):
         rank = self.first_rank + replica_id
-        return itemsize * cost.elements_sent(algorithm, self._group_size, rank, num_elements)
+        return itemsize * cost.elements_sent(self.algorithm_spec(algorithm), self._group_size,
+                                             rank, num_elements)
 
     @contextlib.contextmanager
     def dense_reductions(self):
@@ -301,7 +341,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             if name == NATIVE:  # one tensor: TF's packing leaves it whole
                 return super()._all_reduce(_compat.ReduceOp.SUM, [buffer], replica_id,
                                            options)[0]
-            return self.collective_engine().all_reduce(buffer, replica_id, name,
+            return self.collective_engine().all_reduce(buffer, replica_id,
+                                                       self.algorithm_spec(name),
                                                        label=f"tfdist/{name}/{bucket}")
 
     def _all_gather(self, tensor, replica_id, options):

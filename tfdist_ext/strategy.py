@@ -205,6 +205,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
+        if config.allreduce.hosts is not None:
+            self._cross_ops.rank_hosts  # pylint: disable=pointless-statement  (validates)
         planner = config.bucketing
         uses_backward_times = getattr(planner, "uses_backward_times", False)
         if "auto" in config.allreduce.algorithms or uses_backward_times:
@@ -232,7 +234,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def _measure_calibration(self, key):
         cross_ops, options = self._cross_ops, self.config.allreduce
-        candidates = auto.candidates_or_all(options.candidates)
+        candidates = cross_ops.auto_candidates
         if "auto" not in options.algorithms:  # only the bucketing planner needs figures
             candidates = tuple(sorted(set(options.algorithms)))
         cross_ops.calibration = calibration.calibrate(
@@ -241,10 +243,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if "auto" not in options.algorithms:
             return
         cross_ops.refiner = refine.Refiner(
-            cross_ops, cross_ops.calibration, options.candidates,
+            cross_ops, cross_ops.calibration, cross_ops.auto_candidates,
             cache_path=options.calibration_cache, timing=options.calibrate and options.refine)
         self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
-                                                       candidates=options.candidates)
+                                                       candidates=cross_ops.auto_candidates)
         if cross_ops.first_rank == 0:
             log.warning("tfdist_ext: %s", auto.format_table(cross_ops.calibration,
                                                             self.allreduce_decisions))

@@ -169,7 +169,8 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32,
         reduce_fn = _native_reduce(cross_ops)
     else:
         engine = engine or cross_ops.collective_engine()
-        reduce_fn = lambda x, i: engine.all_reduce(x, i, algorithm)  # noqa: E731
+        spec = cross_ops.algorithm_spec(algorithm)
+        reduce_fn = lambda x, i: engine.all_reduce(x, i, spec)  # noqa: E731
 
     inputs = []
     for device in devices:  # made once: each call then times the reductions, not the fill

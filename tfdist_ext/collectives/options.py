@@ -109,6 +109,12 @@ class AllReduce:
             the model's choice.
         calibration_cache: JSON file where the chief keeps the calibration,
             keyed by the cluster; None disables caching.
+        hosts: For "hierarchical" (and "auto", which then considers it): the
+            host of every worker in TF_CONFIG order (of every replica without
+            TF_CONFIG), any hashable ids, e.g. ``(0, 0, 1, 1)``. None groups the
+            workers by the host part of their TF_CONFIG addresses.
+        inter_host: The flat algorithm "hierarchical" runs among the host
+            leaders. Defaults to "ring".
         timeout_seconds: With the UCX engine, a collective that hears nothing
             from a peer for this long fails with an error naming the peer
             (0: wait forever). Raise it when workers may legitimately stall
@@ -123,6 +129,8 @@ class AllReduce:
     calibrate: bool = True
     refine: bool = True
     calibration_cache: Optional[str] = "~/.cache/tfdist_ext/calibration.json"
+    hosts: Optional[Tuple] = None
+    inter_host: str = "ring"
     timeout_seconds: float = 30.0
 
     def __post_init__(self):
@@ -136,6 +144,20 @@ class AllReduce:
                                  "from; it cannot contain 'auto' itself.")
             _check_algorithm(name, "candidates")
         seconds("timeout_seconds", self.timeout_seconds)
+        if self.hosts is not None:
+            if isinstance(self.hosts, (str, bytes)) or not hasattr(self.hosts, "__len__") \
+                    or not self.hosts:
+                raise ValueError(
+                    f"Argument `hosts` must list the host of every worker, e.g. (0, 0, 1, 1) "
+                    f"for two hosts of two workers; received {self.hosts!r}.")
+            object.__setattr__(self, "hosts", tuple(self.hosts))
+        if self.inter_host in ("native", "auto", "hierarchical") or \
+                self.inter_host not in available_algorithms():
+            flat = [n for n in available_algorithms()
+                    if n not in ("native", "auto", "hierarchical")]
+            raise ValueError(
+                f"Argument `inter_host` must name a flat algorithm for the host leaders: "
+                f"{', '.join(map(repr, flat))}; received {self.inter_host!r}.")
         for flag in ("calibrate", "refine"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Argument `{flag}` must be True or False; received "

@@ -5,9 +5,11 @@ Examples:
     tfdist-run -np 4 --timeout 600 -- python train.py --lr 0.1
     tfdist-run -np 2 --link-bandwidth 50mbit --check -- python train.py  # needs root
     tfdist-run -np 2 --link-bandwidth 50mbit --link-latency 50ms -- python train.py
+    tfdist-run -H 2x2 --link-bandwidth 100mbit -- python train.py  # 2 hosts of 2 workers
 """
 
 import argparse
+import re
 import signal
 import socket
 import sys
@@ -47,19 +49,30 @@ def _local_names():
 
 
 def _hosts(text):
-    """Horovod's -H spelling, this machine only: "localhost:4" -> 4 slots."""
+    """Horovod's -H spelling, this machine only: "localhost:4" -> 4 slots; or an
+    emulated layout "HxW" -> (H, W): H hosts (network namespaces) of W workers."""
+    layout = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if layout:
+        hosts, per_host = int(layout.group(1)), int(layout.group(2))
+        if hosts < 1 or per_host < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: the layout HxW needs H >= 1 hosts and W >= 1 workers per host "
+                f"(as in 2x2)")
+        return hosts, per_host
     slots = 0
     for entry in text.split(","):
         name, _, count = entry.strip().rpartition(":") if ":" in entry else (entry, "", "1")
         name = name.strip()
         if not count.strip().isdigit() or int(count) < 1:
             raise argparse.ArgumentTypeError(
-                f"{entry!r} is not HOST:SLOTS with SLOTS >= 1 (as in localhost:4)")
+                f"{entry!r} is not HOST:SLOTS with SLOTS >= 1 (as in localhost:4), nor a "
+                f"layout HxW of emulated hosts (as in 2x2)")
         if name not in _local_names():
             raise argparse.ArgumentTypeError(
                 f"host {name!r} is not this machine: tfdist-run starts workers here only "
-                f"(use localhost:N). On several machines, start one worker per process "
-                f"with its TF_CONFIG (README, 'Several hosts').")
+                f"(use localhost:N, or HxW to emulate H hosts of W workers). On several "
+                f"machines, start one worker per process with its TF_CONFIG (README, "
+                f"'Several hosts').")
         slots += int(count)
     return slots
 
@@ -83,15 +96,18 @@ def _stop(signum, _frame):
 def _run_shaped(args, command, launcher) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
     latency = netbed.parse_delay(args.link_latency) if args.link_latency else None
+    layout = args.hosts if isinstance(args.hosts, tuple) else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
-                        latency=latency)
+                        latency=latency, num_hosts=layout[0] if layout else None)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with bed:
             launcher.network = bed
             if args.check:
                 from tfdist_ext.launch import netcheck  # pylint: disable=import-outside-toplevel
-                launcher.say(f"link check, worker 0 -> worker 1: {netcheck.measure(bed)}.")
+                peer = bed.per_host  # worker 0's first peer on another host
+                launcher.say(f"link check, worker 0 -> worker {peer}: "
+                             f"{netcheck.measure(bed, receiver=peer)}.")
             return launcher.run() if command else 0
     except _Stopped as stop:
         name = signal.Signals(stop.args[0]).name
@@ -113,9 +129,13 @@ def build_parser():
     parser.add_argument("-np", "--num-workers", dest="num_workers", default=None,
                         type=_positive(int, 1), metavar="N",
                         help="number of worker processes (>= 1)")
-    parser.add_argument("-H", "--hosts", type=_hosts, default=None, metavar="localhost:N",
+    parser.add_argument("-H", "--hosts", type=_hosts, default=None,
+                        metavar="localhost:N|HxW",
                         help="Horovod's spelling, for this machine only: N slots; -np "
-                             "defaults to N and may not exceed it")
+                             "defaults to N and may not exceed it. Or HxW: emulate H hosts "
+                             "of W workers (one network namespace per host, workers of a "
+                             "host on its loopback, --link-* shaping the links between "
+                             "hosts; needs root); -np defaults to H*W and must equal it")
     parser.add_argument("--timeout", type=_positive(float, 0.001), default=None,
                         metavar="S", help="stop the whole job after S seconds (exit 124)")
     parser.add_argument("--grace", type=_positive(float, 0.0), default=3.0, metavar="S",
@@ -153,16 +173,24 @@ def main(argv=None) -> int:
     if args.num_workers is None and args.hosts is None:
         parser.error("the following arguments are required: -np/--num-workers "
                      "(or -H localhost:N)")
-    if args.num_workers is None:
+    layout = args.hosts if isinstance(args.hosts, tuple) else None
+    if layout:
+        if args.num_workers is not None and args.num_workers != layout[0] * layout[1]:
+            parser.error(f"argument -np: {args.num_workers} workers do not match the layout "
+                         f"-H {layout[0]}x{layout[1]} ({layout[0] * layout[1]} workers); "
+                         f"drop -np or make it {layout[0] * layout[1]}")
+        args.num_workers = layout[0] * layout[1]
+    elif args.num_workers is None:
         args.num_workers = args.hosts
     elif args.hosts is not None and args.num_workers > args.hosts:
         parser.error(f"argument -np: {args.num_workers} workers do not fit the "
                      f"{args.hosts} slots of -H; raise the slots (-H localhost:"
                      f"{args.num_workers}) or lower -np")
-    shaped = args.link_bandwidth is not None or args.link_latency is not None
-    if args.check and (not shaped or args.num_workers < 2):
-        parser.error("argument --check: needs --link-bandwidth or --link-latency, "
-                     "and -np >= 2")
+    shaped = (args.link_bandwidth is not None or args.link_latency is not None
+              or layout is not None)
+    if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
+        parser.error("argument --check: needs --link-bandwidth, --link-latency or "
+                     "-H HxW, and two workers on different hosts")
     if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
     if shaped:

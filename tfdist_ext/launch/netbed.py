@@ -192,27 +192,38 @@ class NetBed:
         rate: A tc rate, e.g. '50mbit' (validated by `parse_rate`), or None for
             links as fast as the machine.
         log: Callable taking one line, for what the bed does (e.g. cleaning).
-        latency: One-way delay in seconds between any two workers (each packet is
-            held that long on arriving at its receiver's namespace), or None.
+        latency: One-way delay in seconds between any two namespaces (each packet
+            is held that long on arriving at its receiver's namespace), or None.
             Long delays need large TCP buffers to fill the link: the namespaces get
             `tcp_rmem`/`tcp_wmem` maxima of 4 x the bandwidth-delay product (at
             least the kernel's defaults).
+        num_hosts: Namespaces ("hosts") the workers are spread over, in order:
+            worker i lives in host ``i // (num_workers // num_hosts)`` and shares
+            its address; workers of one host talk over its loopback, unshaped and
+            undelayed, and only traffic between hosts crosses the shaped links.
+            Defaults to one host per worker.
 
     Use `with NetBed(...) as bed:` or `setup()` / `teardown()`; `bed.addresses[i]`
     is worker i's IPv4 address and `bed.wrap(i, argv)` runs argv inside its namespace.
     """
 
     def __init__(self, num_workers: int, rate: Optional[str], log=None,
-                 latency: Optional[float] = None):
-        if not 1 <= num_workers <= 253:
-            raise ValueError(f"NetBed: `num_workers` must be 1..253 (one /24); "
-                             f"received {num_workers}")
+                 latency: Optional[float] = None, num_hosts: Optional[int] = None):
+        num_hosts = num_workers if num_hosts is None else num_hosts
+        if not 1 <= num_hosts <= 253:
+            raise ValueError(f"NetBed: `num_hosts` must be 1..253 (one /24); "
+                             f"received {num_hosts}")
+        if num_workers < 1 or num_workers % num_hosts:
+            raise ValueError(f"NetBed: `num_workers` must be a positive multiple of "
+                             f"`num_hosts` ({num_hosts}); received {num_workers}")
         if latency is not None and not 0 <= latency <= 10:
             raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received {latency}")
         self.rate_bps = parse_rate(rate) if rate is not None else None
         self.rate = rate.strip().lower() if rate is not None else None
         self.latency = latency
         self.num_workers = num_workers
+        self.num_hosts = num_hosts
+        self.per_host = num_workers // num_hosts
         self.log = log or (lambda line: None)
         self.addresses: List[str] = []
         self._created = False
@@ -222,11 +233,11 @@ class NetBed:
     def _name(self, job: str):
         self.job = job  # 5 hex digits: `tfd<job>r<i>` fits the 15-character limit.
         self.bridge = f"tfd{job}"
-        self.namespaces = [f"tfdist-{job}-{i}" for i in range(self.num_workers)]
+        self.namespaces = [f"tfdist-{job}-{h}" for h in range(self.num_hosts)]
 
     def wrap(self, index: int, argv) -> List[str]:
         """`argv` run inside worker `index`'s namespace (`ip` execs it: same pid)."""
-        return ["ip", "netns", "exec", self.namespaces[index], *argv]
+        return ["ip", "netns", "exec", self.namespaces[index // self.per_host], *argv]
 
     def _shape(self, device: str, netns: Optional[str] = None):
         tc = ["tc", "-n", netns] if netns else ["tc"]
@@ -256,7 +267,7 @@ class NetBed:
             subnet = f"{SUBNET_PREFIX}.{random.choice(free)}"
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
-            for i, netns in enumerate(self.namespaces):
+            for i, netns in enumerate(self.namespaces):  # one per host
                 outer, inner = f"tfd{self.job}r{i}", f"tfd{self.job}n{i}"
                 _run("ip", "netns", "add", netns)
                 _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner,
@@ -270,25 +281,28 @@ class NetBed:
                     self._shape(outer)
                 if self.latency is not None:
                     self._delay(i, inner)
-                self.addresses.append(f"{subnet}.{i + 1}")
+                self.addresses += [f"{subnet}.{i + 1}"] * self.per_host
         except BaseException:
             self.teardown()
             raise
-        self.log(f"network test bed {self.job}: {self.num_workers} namespaces on "
-                 f"{subnet}.0/24, {self.describe()}.")
+        layout = (f"{self.num_workers} namespaces" if self.per_host == 1 else
+                  f"{self.num_hosts} hosts (namespaces) of {self.per_host} workers")
+        self.log(f"network test bed {self.job}: {layout} on {subnet}.0/24, "
+                 f"{self.describe()}.")
         return self
 
     def describe(self) -> str:
         """What the links emulate, in words."""
         parts = [f"every link shaped to {self.rate} each way (tc HTB)"] if self.rate else []
+        between = "workers" if self.per_host == 1 else "hosts"
         if self.latency is not None:
-            parts.append(f"{self.latency * 1e3:g} ms one way between workers (round trip "
+            parts.append(f"{self.latency * 1e3:g} ms one way between {between} (round trip "
                          f"{2 * self.latency * 1e3:g} ms; NFQUEUE delay line)")
         return ", ".join(parts) or "links unshaped"
 
-    def _delay(self, index: int, device: str):
-        """Starts worker `index`'s delay line, then queues what arrives on `device` to it."""
-        netns = self.namespaces[index]
+    def _delay(self, host: int, device: str):
+        """Starts host `host`'s delay line, then queues what arrives on `device` to it."""
+        netns = self.namespaces[host]
         if self.rate_bps:
             # Enough buffer for the window to cover 2 x the round trip at full rate.
             need = int(4 * self.rate_bps / 8 * 2 * self.latency)
@@ -297,15 +311,16 @@ class NetBed:
                                f"net.ipv4.{knob}").split()
                 _run("ip", "netns", "exec", netns, "sysctl", "-q", "-w",
                      f"net.ipv4.{knob}={current[0]} {current[1]} {max(need, default)}")
+        line = [sys.executable, "-m", "tfdist_ext.launch.delayer", "--queue", "0",
+                "--delay", repr(self.latency)]
         delayer = subprocess.Popen(
-            self.wrap(index, [sys.executable, "-m", "tfdist_ext.launch.delayer",
-                              "--queue", "0", "--delay", repr(self.latency)]),
+            self.wrap(host * self.per_host, line),
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                 p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)))
         self._delayers.append(delayer)
         if delayer.stdout.readline().strip() != "ready":
-            raise NetBedError(f"the delay line of worker {index} failed to start "
+            raise NetBedError(f"the delay line of {self._host_name(host)} failed to start "
                               f"(exit {delayer.wait()}); its error is above")
         # No rule before the line is bound: NFQUEUE drops packets nobody reads.
         _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A", "PREROUTING",
@@ -313,12 +328,19 @@ class NetBed:
 
     def problem(self) -> Optional[str]:
         """Why the links no longer emulate what was asked (a delay line died), or None."""
-        for index, delayer in enumerate(self._delayers):
+        for host, delayer in enumerate(self._delayers):
             code = delayer.poll()
             if code is not None:
-                return (f"the delay line of worker {index} (pid {delayer.pid}) exited "
-                        f"with code {code}: packets to worker {index} are dropped")
+                name = self._host_name(host)
+                return (f"the delay line of {name} (pid {delayer.pid}) exited "
+                        f"with code {code}: packets to {name} are dropped")
         return None
+
+    def _host_name(self, host: int) -> str:
+        if self.per_host == 1:
+            return f"worker {host}"
+        workers = range(host * self.per_host, (host + 1) * self.per_host)
+        return f"host {host} (workers {', '.join(map(str, workers))})"
 
     def teardown(self):
         """Removes everything `setup` created; safe to call twice or after a failed setup."""

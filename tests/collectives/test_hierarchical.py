@@ -1,0 +1,113 @@
+"""Hierarchical all-reduce: the schedule against numpy, both engines on logical
+replicas grouped into hosts, host discovery, `auto`'s candidates and bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext import collectives
+from tfdist_ext.collectives import cost, hierarchical, plan
+from tfdist_ext.collectives.hierarchical import Hierarchical
+
+import engine_cases as cases
+
+LAYOUTS = {"2x2": (0, 0, 1, 1), "2x3": (0, 0, 0, 1, 1, 1), "3x2": (0, 0, 1, 1, 2, 2)}
+ODD_LAYOUTS = [(0, 1, 0, 1), (0, 0, 0, 1), (7, 7), (0, 1, 2), (3, 1, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("hosts", list(LAYOUTS.values()) + ODD_LAYOUTS)
+@pytest.mark.parametrize("inter", collectives.ALGORITHMS.names())
+def test_schedule_is_an_allreduce_for_every_dtype_and_size(hosts, inter):
+    algorithm = Hierarchical(hosts, inter)
+    for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64):
+        for n in (0, 1, 7, 1000):
+            collectives.check_allreduce(algorithm, len(hosts), n, dtype)  # bit-identical too
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(101) for _ in hosts]
+    for out in plan.simulate_plans(algorithm, len(hosts), inputs):  # the engines' plans
+        np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12)
+
+
+def test_only_leaders_cross_hosts_and_bytes_are_counted():
+    n, hosts = 1200, LAYOUTS["2x3"]
+    schedules = collectives.all_schedules(Hierarchical(hosts), 6, n)
+    for s in schedules:
+        for step in (x for rnd in s.rounds for x in rnd):
+            if hosts[step.peer] != hosts[s.rank]:
+                assert s.rank in (0, 3) and step.peer in (0, 3), (s.rank, step)
+    # leader: 2 members' broadcasts + a 2-rank ring (n/2 twice); member: one buffer
+    assert cost.elements_sent(Hierarchical(hosts), 6, 0, n) == 2 * n + n
+    assert cost.elements_sent(Hierarchical(hosts), 6, 1, n) == n
+    assert [len(s.rounds) for s in schedules] == [4] * 6  # gather, 2 ring rounds, broadcast
+
+
+def test_host_discovery_from_addresses():
+    addresses = ["10.0.0.2:5000", "10.0.0.2:5001", "10.0.0.3:5000", "10.0.0.2:5002"]
+    assert hierarchical.hosts_from_addresses(addresses) == (0, 0, 1, 0)
+    assert hierarchical.hosts_from_addresses(addresses[:2], 2) == (0, 0, 0, 0)
+    assert hierarchical.host_groups((0, 0, 1, 0)) == ((0, 1, 3), (2,))
+
+
+def _run(strategy, num_replicas):
+    inputs = strategy.experimental_distribute_values_from_function(
+        lambda ctx: cases.tf_inputs(ctx.replica_id_in_sync_group))
+    fn = tf.function(lambda x: strategy.run(cases.replica_fn, args=(x,)))
+    return [tuple([t.numpy() for t in part] for part in r)
+            for r in strategy.experimental_local_results(fn(inputs))]
+
+
+@pytest.mark.parametrize("engine", cases.ENGINES)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_engines_match_numpy_on_replicas_grouped_into_hosts(engine, layout):
+    hosts = LAYOUTS[layout]
+    strategy = tfdist_ext.Strategy(
+        num_replicas=len(hosts), engine=engine,
+        allreduce={"name": "hierarchical", "hosts": hosts, "inter_host": "ring"})
+    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    assert cross_ops.rank_hosts == hosts
+    assert cross_ops.algorithm_spec("hierarchical") == Hierarchical(hosts, "ring")
+    results = _run(strategy, len(hosts))
+    inputs = [cases.numpy_inputs(r) for r in range(len(hosts))]
+    problems = cases.check(len(hosts), inputs, *results[0])
+    assert not problems, problems
+    for replica, result in enumerate(results[1:], 1):  # bit-identical replicas
+        for k, (a, b) in enumerate(zip(results[0][0] + results[0][1], result[0] + result[1])):
+            assert a.tobytes() == b.tobytes(), (replica, k)
+
+
+def test_auto_considers_hierarchical_only_when_hosts_hold_several_ranks():
+    def candidates(hosts):
+        strategy = tfdist_ext.Strategy(
+            num_replicas=4, engine="tf",
+            allreduce={"name": "ring", "hosts": hosts})
+        return strategy.extended._cross_device_ops.auto_candidates  # pylint: disable=protected-access
+
+    assert "hierarchical" in candidates((0, 0, 1, 1))
+    assert "hierarchical" not in candidates((0, 1, 2, 3))  # every rank its own host
+    assert "hierarchical" not in candidates((0, 0, 0, 0))  # one host
+    assert "hierarchical" not in candidates(None)  # one process: one host
+
+
+@pytest.mark.parametrize("allreduce, message", [
+    ({"name": "hierarchical", "inter_host": "hierarchical"},
+     "Argument `inter_host` must name a flat algorithm for the host leaders: "),
+    ({"name": "hierarchical", "inter_host": "rings"}, "received 'rings'"),
+    ({"name": "hierarchical", "hosts": "0011"},
+     "Argument `hosts` must list the host of every worker, e.g. (0, 0, 1, 1)"),
+    ({"name": "hierarchical", "hosts": ()}, "received ()"),
+])
+def test_bad_options_name_the_argument(allreduce, message):
+    with pytest.raises(ValueError) as info:
+        tfdist_ext.Strategy(num_replicas=2, allreduce=allreduce, engine="tf")
+    assert message in str(info.value)
+
+
+def test_layout_of_the_wrong_length_is_refused():
+    with pytest.raises(ValueError, match=r"Argument `hosts` lists 3 hosts \(\(0, 0, 1\)\) but "
+                                         r"the job has 1 worker\(s\) of 4 replica\(s\); give "
+                                         r"the host of every worker"):
+        tfdist_ext.Strategy(num_replicas=4, engine="tf",
+                            allreduce={"name": "hierarchical", "hosts": (0, 0, 1)})
+    with pytest.raises(ValueError, match="world_size=3"):
+        Hierarchical((0, 1)).schedule(3, 0, 10)
