@@ -4,8 +4,10 @@
     python bench/allreduce.py --replicas 4 --sizes 1KB,1MB --png out.png
 
 `--workers N` re-launches this script on N worker processes through tfdist-run
-(TF_CONFIG over 127.0.0.1); `--replicas N` uses N logical CPU replicas in
-one process. `--engine` picks what carries the bytes: "tf" (TF's collectives),
+(TF_CONFIG over 127.0.0.1); `--hosts HxW` on H emulated hosts of W workers
+(`tfdist-run -H HxW`, root), with `--link-bandwidth` / `--link-latency` shaping the
+links between hosts; "hierarchical" then joins the algorithms. `--replicas N` uses
+N logical CPU replicas in one process. `--engine` picks what carries the bytes: "tf" (TF's collectives),
 "ucx" (the UCX engine) or "all" (the default: every engine that loads, one after
 the other in the same job; every record names its engine). Every algorithm, TF's "native" ring and "auto" (the calibrated
 cost model's choice, refined by timing its close candidates at that size as in
@@ -36,6 +38,12 @@ def parse_args(argv=None):
     where.add_argument("--workers", type=int, default=None, help="worker processes")
     where.add_argument("--replicas", type=int, default=None,
                        help="logical CPU replicas in one process")
+    where.add_argument("--hosts", default=None, metavar="HxW",
+                       help="H emulated hosts of W workers (needs root)")
+    parser.add_argument("--link-bandwidth", default=None, metavar="RATE",
+                        help="with --hosts: tc rate of the links between hosts")
+    parser.add_argument("--link-latency", default=None, metavar="DELAY",
+                        help="with --hosts: one-way delay between hosts")
     parser.add_argument("--sizes", default="1KB,64KB,1MB,16MB")
     parser.add_argument("--algorithms", default="all",
                         help="comma-separated names, or 'all' (every algorithm + native + auto); "
@@ -54,7 +62,11 @@ def parse_args(argv=None):
 def relaunch(args, argv):
     """Runs this script on `args.workers` workers and returns the exit code."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
+    where = ["-np", str(args.workers)] if args.workers else ["-H", args.hosts]
+    for option in ("link_bandwidth", "link_latency"):
+        if getattr(args, option):
+            where += ["--" + option.replace("_", "-"), getattr(args, option)]
+    command = [sys.executable, "-m", "tfdist_ext.launch", *where, "--",
                sys.executable, __file__, *argv]
     return subprocess.run(command, env=env, check=False).returncode
 
@@ -66,7 +78,7 @@ def run(args):
     from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
 
     tf.get_logger().setLevel("ERROR")  # one tf.function per measurement is the point here
-    names = (auto.candidates_or_all(None) + ("auto",) if args.algorithms == "all"
+    names = (None if args.algorithms == "all"  # decided per strategy (its hosts)
              else tuple(args.algorithms.split(",")))
     allreduce = {"name": "auto"}
     if args.no_cache:
@@ -91,6 +103,7 @@ def measure(args, names, allreduce, engine):
     strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas,
                                    engine=engine)
     cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    names = names or cross_ops.auto_candidates + ("auto",)
     world = strategy.num_replicas_in_sync
     placement = "workers" if strategy.cluster else "replicas"
     is_chief = strategy.cluster is None or strategy.cluster.task_index == 0
@@ -113,6 +126,8 @@ def measure(args, names, allreduce, engine):
             records.append({
                 "engine": engine, "is_chief": is_chief,
                 "world": world, "placement": placement, "algorithm": name,
+                "hosts": args.hosts, "link_bandwidth": args.link_bandwidth,
+                "link_latency": args.link_latency,
                 "choice": chosen[name], "bytes": 4 * elements,
                 "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
                 "algbw_GBps": algbw,
@@ -149,6 +164,18 @@ def summarize(records, args):
             chosen = rows.get(rows["auto"]["choice"])
             if chosen is not None:
                 rows["auto"]["choice_vs_best"] = chosen["vs_best_fixed"]
+            if "hierarchical" in rows:
+                flat = min((r for n, r in fixed.items() if n != "hierarchical"),
+                           key=lambda r: r["time_ms_median"])
+                h = rows["hierarchical"]
+                h["vs_best_flat"] = h["time_ms_median"] / flat["time_ms_median"]
+                if "ring" in rows:
+                    h["ring_vs_hierarchical"] = (rows["ring"]["time_ms_median"]
+                                                 / h["time_ms_median"])
+                print(f"{engine} {size:>10} B: hierarchical {h['vs_best_flat']:.2f}x the best "
+                      f"flat ({flat['algorithm']}); ring takes "
+                      f"{h.get('ring_vs_hierarchical', float('nan')):.2f}x hierarchical's time",
+                      flush=True)
             print(f"{engine} {size:>10} B: auto -> {rows['auto']['choice']}, "
                   f"{rows['auto']['vs_best_fixed']:.2f}x the best fixed "
                   f"({best['algorithm']}) as re-timed, "
@@ -174,8 +201,13 @@ def plot(records, path):
                 label=f"{engine}:{name}", linewidth=3 if name in ("auto", "native") else 1.2,
                 linestyle="-" if engine == "ucx" else "--")
     first = records[0]
+    where = f"{first['world']} {first['placement']}"
+    if first.get("hosts"):
+        where = (f"{first['hosts']} hosts, {first.get('link_bandwidth') or 'unshaped'}"
+                 f"{', ' + first['link_latency'] if first.get('link_latency') else ''} "
+                 f"between hosts")
     ax.set(xscale="log", yscale="log", xlabel="bytes (float32)", ylabel="ms per all-reduce",
-           title=f"All-reduce on {first['world']} {first['placement']} (median)")
+           title=f"All-reduce on {where} (median)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -186,7 +218,7 @@ def plot(records, path):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.workers and "TF_CONFIG" not in os.environ:
+    if (args.workers or args.hosts) and "TF_CONFIG" not in os.environ:
         return relaunch(args, argv)
     if json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"] == 0:
         print(f"{'eng':<4} {'bytes':>10} {'algorithm':<17} {'min ms':>9} {'med ms':>9} "

@@ -23,7 +23,7 @@ def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
     code, out, _ = launch(num_workers, [CHECKS, tmp_path, "--engine", engine], timeout=240)
     assert code == 0, out[-3000:]
     results = read_worker_json(tmp_path, num_workers)
-    for name in collectives.ALGORITHMS.names():
+    for name in collectives.ALGORITHMS.names() + ["hierarchical"]:
         per_worker = [r["reduce"][name] for r in results]
         for result in per_worker:
             assert result["problems"] == [], (name, result)

@@ -19,14 +19,26 @@ ODD_LAYOUTS = [(0, 1, 0, 1), (0, 0, 0, 1), (7, 7), (0, 1, 2), (3, 1, 1, 2, 3)]
 @pytest.mark.parametrize("hosts", list(LAYOUTS.values()) + ODD_LAYOUTS)
 @pytest.mark.parametrize("inter", collectives.ALGORITHMS.names())
 def test_schedule_is_an_allreduce_for_every_dtype_and_size(hosts, inter):
-    algorithm = Hierarchical(hosts, inter)
-    for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64):
-        for n in (0, 1, 7, 1000):
-            collectives.check_allreduce(algorithm, len(hosts), n, dtype)  # bit-identical too
-    rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal(101) for _ in hosts]
-    for out in plan.simulate_plans(algorithm, len(hosts), inputs):  # the engines' plans
-        np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12)
+    # chunk_elements=40: buffers from 80 elements run as a pipeline of up to 3 chunks
+    for algorithm in (Hierarchical(hosts, inter), Hierarchical(hosts, inter, 40, 3)):
+        for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64):
+            for n in (0, 1, 7, 101, 1000):
+                collectives.check_allreduce(algorithm, len(hosts), n, dtype)  # bit-identical
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(101) for _ in hosts]
+        for out in plan.simulate_plans(algorithm, len(hosts), inputs):  # the engines' plans
+            np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12)
+
+
+def test_pipeline_overlaps_the_phases_of_successive_chunks():
+    n, hosts = 4 << 20, LAYOUTS["2x2"]
+    leader, member = (Hierarchical(hosts).schedule(4, r, n) for r in (0, 1))
+    assert len(leader.rounds) == 8 + 3  # 8 chunks; gather, 2 ring rounds, broadcast each
+    # round 2: chunk 2 is gathered while the leaders reduce-scatter chunk 1 and
+    # all-gather chunk 0
+    kinds = sorted((type(s).__name__, s.peer) for s in leader.rounds[2])
+    assert kinds == [("Recv", 1), ("Recv", 2), ("Recv", 2), ("Send", 2), ("Send", 2)]
+    assert sorted(type(s).__name__ for s in member.rounds[3]) == ["Recv", "Send"]
 
 
 def test_only_leaders_cross_hosts_and_bytes_are_counted():

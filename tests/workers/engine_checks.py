@@ -2,8 +2,8 @@
 
     python engine_checks.py OUT_DIR [--fit] [--engine tf|ucx]
 
-For every algorithm, one `tfdist_ext.Strategy(allreduce=name, engine=...)`
-reduces every dtype x size (tests/collectives/engine_cases.py) across the
+For every algorithm (and "hierarchical" with the workers split into two hosts),
+one `tfdist_ext.Strategy(allreduce=name, engine=...)` reduces every dtype x size (tests/collectives/engine_cases.py) across the
 worker processes; inputs are seeded by rank, so each worker checks the result
 against numpy itself. With --fit, Keras `fit` runs once per algorithm, once
 with "auto" and once with "native", and the final weights are recorded; and
@@ -29,8 +29,8 @@ import tfdist_ext  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist_ext import collectives  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def check_reductions(name, num_workers, index, engine):
-    strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
+def check_reductions(allreduce, num_workers, index, engine):
+    strategy = tfdist_ext.Strategy(allreduce=allreduce, engine=engine)
     inputs = strategy.experimental_distribute_values_from_function(
         lambda ctx: cases.tf_inputs(ctx.replica_id_in_sync_group))
     fn = tf.function(lambda x: strategy.run(cases.replica_fn, args=(x,)))
@@ -85,6 +85,10 @@ def main(out_dir, *flags):
     if "--fit" not in flags:
         results["reduce"] = {name: check_reductions(name, num_workers, index, engine)
                              for name in names}
+        # Workers split into two "hosts" (all share 127.0.0.1, so the layout is given).
+        hosts = tuple(2 * i // num_workers for i in range(num_workers))
+        results["reduce"]["hierarchical"] = check_reductions(
+            {"name": "hierarchical", "hosts": hosts}, num_workers, index, engine)
     else:
         # "native" last: a strategy whose variables are created after a
         # native-path fit in the same process hung in TF's variable-init

@@ -21,6 +21,10 @@ crossing, and with ranks numbered host by host each host link is crossed once
 per round each way: 1.5x the hierarchical volume for 2x2, 1.67x for 2x3, and
 far more when ranks are interleaved across hosts.
 
+Large buffers are cut into chunks that flow through the phases as a pipeline
+(`chunk_elements`, `max_chunks`), so the gather and broadcast inside a host
+overlap the leaders' exchange of other chunks.
+
 Tuning: worth it when links between hosts are much slower than inside them (the
 namespaces of `tfdist-run -H HxW`, machines on one switch vs across a WAN). The
 leader's gather and broadcast move W-1 whole buffers over the host's own fast
@@ -36,7 +40,7 @@ the others by copying.
 """
 
 import dataclasses
-from typing import Tuple
+from typing import List, Tuple
 
 from tfdist_ext.collectives.schedule import (
     ALGORITHMS,
@@ -46,7 +50,9 @@ from tfdist_ext.collectives.schedule import (
     Send,
     build,
     schedule_fn,
+    split,
 )
+from tfdist_ext.registry import positive_int
 
 NAME = "hierarchical"
 
@@ -88,10 +94,19 @@ class Hierarchical:
             with equal ids share a host). `hosts_from_addresses` builds it from
             TF_CONFIG.
         inter: Registered flat algorithm the host leaders run among themselves.
+        chunk_elements: Buffers of at least twice this many elements are cut
+            into chunks of about this size (at most `max_chunks`) that flow
+            through the three phases as a pipeline: while the leaders exchange
+            chunk c, the next chunk is gathered and the previous one
+            broadcast, so the phases inside a host hide behind the slow links.
+            Smaller chunks hide more but add rounds (one per extra chunk).
+        max_chunks: Upper bound on the pipeline's chunks.
     """
 
     hosts: Tuple[int, ...]
     inter: str = "ring"
+    chunk_elements: int = 1 << 18
+    max_chunks: int = 8
     name = NAME
 
     def __post_init__(self):
@@ -100,6 +115,8 @@ class Hierarchical:
             raise ValueError("Argument `hosts` must give the host of every rank; received "
                              "an empty layout.")
         ALGORITHMS.class_for(self.inter)  # unknown names list the valid ones
+        positive_int("chunk_elements", self.chunk_elements)
+        positive_int("max_chunks", self.max_chunks)
 
     def schedule(self, world_size: int, rank: int, num_elements: int) -> Schedule:
         if world_size != len(self.hosts):
@@ -111,21 +128,33 @@ class Hierarchical:
 
     def _rounds(self, p: int, rank: int, n: int) -> Tuple[Round, ...]:
         del p
+        chunks = max(1, min(self.max_chunks, n // self.chunk_elements))
+        rounds = []
+        for c, (start, stop) in enumerate(split(0, n, chunks)):
+            for s, steps in enumerate(self._phases(rank, start, stop)):
+                while len(rounds) <= c + s:
+                    rounds.append(())
+                rounds[c + s] += steps
+        return tuple(rounds)
+
+    def _phases(self, rank: int, start: int, stop: int) -> List[Round]:
+        """The unpipelined rounds of `rank` for ``buf[start:stop]``."""
         groups = host_groups(self.hosts)
         mine = next(g for g in groups if rank in g)
         leader, members = mine[0], mine[1:]
         leaders = [g[0] for g in groups]
+        n = stop - start
         if rank == leader:
-            gather = tuple(Recv(m, 0, n, True) for m in members)
-            inter = schedule_fn(self.inter)(len(groups), leaders.index(rank), n).rounds
-            inter = tuple(tuple(dataclasses.replace(step, peer=leaders[step.peer])
-                                for step in rnd) for rnd in inter)
-            broadcast = tuple(Send(m, 0, n) for m in members)
+            gather = tuple(Recv(m, start, stop, True) for m in members)
+            inter = [tuple(dataclasses.replace(step, peer=leaders[step.peer],
+                                               start=start + step.start, stop=start + step.stop)
+                           for step in rnd)
+                     for rnd in schedule_fn(self.inter)(len(groups), leaders.index(rank),
+                                                        n).rounds]
+            broadcast = tuple(Send(m, start, stop) for m in members)
         else:
-            gather, broadcast = (Send(leader, 0, n),), (Recv(leader, 0, n, False),)
-            probe = schedule_fn(self.inter)(len(groups), 0, n).rounds
-            inter = ((),) * len(probe)
-        phases = [gather, *inter, broadcast]
+            gather, broadcast = (Send(leader, start, stop),), (Recv(leader, start, stop, False),)
+            inter = [()] * len(schedule_fn(self.inter)(len(groups), 0, n).rounds)
         if all(len(g) == 1 for g in groups):  # no host has a second rank: just `inter`
-            phases = list(inter)
-        return tuple(phases)
+            return inter
+        return [gather, *inter, broadcast]
