@@ -123,3 +123,30 @@ def test_layout_of_the_wrong_length_is_refused():
                             allreduce={"name": "hierarchical", "hosts": (0, 0, 1)})
     with pytest.raises(ValueError, match="world_size=3"):
         Hierarchical((0, 1)).schedule(3, 0, 10)
+
+
+def test_two_level_cost_model():
+    flat = cost.CostModel(alpha=1e-5, beta=1e-9, gamma=1e-10)
+    for name in collectives.ALGORITHMS.names():  # one rank per host: the flat model
+        schedules = collectives.all_schedules(name, 5, 1000)
+        assert cost.two_level_cost(schedules, range(5), 4, flat, flat) == pytest.approx(
+            cost.schedule_cost(schedules, 4, flat))
+    free = cost.CostModel(alpha=0, beta=0, gamma=0)
+    slow = cost.CostModel(alpha=0, beta=1 / 12.5e6, gamma=0)  # 100 Mbit between hosts
+    n = 1 << 22
+
+    def seconds(algorithm, hosts):
+        schedules = collectives.all_schedules(algorithm, len(hosts), n)
+        return cost.two_level_cost(schedules, hosts, 4, free, slow)
+
+    # Host links carry n each way for hierarchical (2 hosts), 2 (p-1)/p n for the ring
+    # with ranks in host order (each link crossed once per round), twice that when
+    # ranks alternate between hosts.
+    assert seconds(Hierarchical(LAYOUTS["2x2"]), LAYOUTS["2x2"]) == pytest.approx(4 * n / 12.5e6)
+    assert seconds("ring", LAYOUTS["2x2"]) == pytest.approx(1.5 * 4 * n / 12.5e6)
+    assert seconds("ring", LAYOUTS["2x3"]) / seconds(
+        Hierarchical(LAYOUTS["2x3"]), LAYOUTS["2x3"]) == pytest.approx(5 / 3, rel=1e-3)
+    assert seconds("ring", (0, 1, 0, 1)) == pytest.approx(3 * 4 * n / 12.5e6)
+    with pytest.raises(ValueError, match="must give the host of each of the 4 ranks; "
+                                         "received 3"):
+        cost.two_level_cost(collectives.all_schedules("ring", 4, 8), (0, 0, 1), 4, free, slow)

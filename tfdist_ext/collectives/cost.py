@@ -17,7 +17,8 @@ Alpha is charged per message because each message is its own collective op
 with its own start-up cost, so a master receiving p-1 messages in one round
 pays (p-1) alpha: master_worker and all_to_all lose on small messages at large
 world sizes, as they do in practice. Because costs come from the schedules, a
-new algorithm needs no formula here.
+new algorithm needs no formula here. `two_level_cost` extends the model to ranks
+grouped into hosts that share one link between hosts (hierarchical all-reduce).
 
 Example:
     >>> model = CostModel(alpha=5e-6, beta=1 / 12.5e9, gamma=1 / 50e9)
@@ -146,6 +147,59 @@ def best_algorithm(candidates: Iterable[str] | None, world_size: int,
     costs = [(predict(n, world_size, num_bytes, itemsize, model), n) for n in names]
     seconds, name = min(costs)
     return name, seconds
+
+
+def two_level_cost(schedules: Sequence[Schedule], hosts: Sequence, itemsize: int,
+                   intra: CostModel, inter: CostModel) -> float:
+    """Modelled seconds of the schedules of all ranks when ranks share hosts.
+
+    Two levels: inside a host every rank has its own link (`intra`'s alpha and
+    beta, as in the flat model); between hosts each host has ONE link that all
+    its ranks share (`inter`'s alpha and beta), as machines on a switch or the
+    namespaces of `tfdist-run -H HxW`. A round lasts as long as the slower
+    level, plus the reduction (`intra.gamma`):
+
+        t(round) = max(intra.alpha * m_intra + intra.beta * b_intra,
+                       inter.alpha * m_inter + inter.beta * b_host)
+                 + intra.gamma * reduced
+
+    with m_* the most messages one rank sends or receives at that level,
+    b_intra the most bytes one rank moves inside its host and b_host the most
+    bytes one host sends or receives across its link.
+
+    Args:
+        schedules: Every rank's schedule, in rank order.
+        hosts: Host id of every rank (as `Hierarchical.hosts`).
+        itemsize: Bytes per element.
+        intra, inter: The two levels' constants.
+    """
+    positive_int("itemsize", itemsize)
+    if len(hosts) != len(schedules):
+        raise ValueError(f"Argument `hosts` must give the host of each of the "
+                         f"{len(schedules)} ranks; received {len(hosts)}: {tuple(hosts)}.")
+    total = 0.0
+    for i in range(len(schedules[0].rounds) if schedules else 0):
+        m_intra = m_inter = b_intra = reduced = 0
+        out_of, into = {}, {}
+        for s in schedules:
+            me = hosts[s.rank]
+            for outward in (True, False):
+                steps = [x for x in s.rounds[i] if isinstance(x, Send) == outward]
+                local = [x.stop - x.start for x in steps if hosts[x.peer] == me]
+                remote = [x.stop - x.start for x in steps if hosts[x.peer] != me]
+                m_intra, m_inter = max(m_intra, len(local)), max(m_inter, len(remote))
+                b_intra = max(b_intra, sum(local))
+                side = out_of if outward else into
+                side[me] = side.get(me, 0) + sum(remote)
+            reduced = max(reduced, sum(x.stop - x.start for x in s.rounds[i]
+                                       if isinstance(x, Recv) and x.reduce))
+        b_host = max([*out_of.values(), *into.values(), 0])
+        if not (b_intra or b_host):
+            continue
+        total += max(intra.alpha * m_intra + intra.beta * b_intra * itemsize,
+                     inter.alpha * m_inter + inter.beta * b_host * itemsize)
+        total += intra.gamma * reduced * itemsize
+    return total
 
 
 @functools.lru_cache(maxsize=4096)
