@@ -12,7 +12,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def relaunch(script, workers, worker_args, timeout, link="none", check=False):
+def relaunch(script, workers, worker_args, timeout, link="none", check=False, hosts=None,
+             latency=None):
     """Launches `python script *worker_args` on `workers` workers; raises on failure.
 
     Args:
@@ -22,11 +23,18 @@ def relaunch(script, workers, worker_args, timeout, link="none", check=False):
         timeout: Seconds before the launcher stops the job.
         link: A `--link-bandwidth` rate for the shaped test bed (root), or "none".
         check: Measure the shaped link first (`--check`).
+        hosts: "HxW" to spread the workers over H emulated hosts (`-H HxW`; the
+            links between hosts are the shaped ones), or None.
+        latency: A `--link-latency` delay (e.g. "100ms"), or None.
     """
-    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers),
-               "--timeout", str(timeout)]
+    where = ["-H", hosts] if hosts else ["-np", str(workers)]
+    command = [sys.executable, "-m", "tfdist_ext.launch", *where, "--timeout", str(timeout)]
     if link != "none":
-        command += ["--link-bandwidth", link] + (["--check"] if check else [])
+        command += ["--link-bandwidth", link]
+    if latency:
+        command += ["--link-latency", latency]
+    if check and (link != "none" or latency):
+        command += ["--check"]
     command += ["--", sys.executable, str(pathlib.Path(script).resolve()), *map(str, worker_args)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TF_CONFIG", None)

@@ -15,11 +15,18 @@ collected; the summary per model gives each config's final accuracy, the time at
 which it first reaches the target (sync's final accuracy - 1 point) and how many
 times sooner than sync that is.
 
-Configs: sync (native all-reduce, dense), topk, qsgd, fp16, bf16, auto, powersgd,
-powersgd4 (rank 4), adaptive, or a JSON dict of
-Strategy keyword arguments, e.g. '{"compression": {"name": "topk", "ratio": 0.1}}'.
-Models: cnn (the example's 1-D CNN, ~26k parameters, Adam 3e-3) and mlp (Dense
-40-1024-1024-10 with ReLU, ~1.1M parameters = 4.4 MB of float32 gradients, Adam 1e-3).
+Across regions: `--hosts 2x2 --link 50mbit --latency 100ms` runs 2 emulated hosts of 2
+workers (`tfdist-run -H 2x2`), the links between hosts shaped to 50 Mbit/s and delayed
+by 100 ms one way.
+
+Configs: sync (native all-reduce, dense), ring, hierarchical, topk, qsgd, fp16, bf16,
+auto, powersgd, powersgd4 (rank 4), adaptive, dga (delayed averaging, delay 1),
+localsgd (period 8), diloco (period 8), or a JSON dict of Strategy keyword arguments,
+e.g. '{"compression": {"name": "topk", "ratio": 0.1}}'.
+Models: cnn (the example's 1-D CNN, ~26k parameters, Adam 3e-3), mlp (Dense
+40-1024-1024-10 with ReLU, ~1.1M parameters = 4.4 MB of float32 gradients, Adam 1e-3)
+and widecnn (the CNN with 64/128/128 channels and a 512-unit head, ~0.74M parameters =
+2.9 MB of gradients, Adam 1e-3; keeps learning for tens of epochs).
 """
 
 import argparse
@@ -39,8 +46,12 @@ CONFIGS = {"sync": {}, "topk": {"compression": "topk"}, "qsgd": {"compression": 
            "fp16": {"compression": "fp16"}, "auto": {"allreduce": "auto"},
            "powersgd": {"compression": "powersgd"}, "bf16": {"compression": "bf16"},
            "powersgd4": {"compression": {"name": "powersgd", "rank": 4}},
-           "adaptive": {"compression": "adaptive"}}
-LEARNING_RATES = {"cnn": 3e-3, "mlp": 1e-3}
+           "adaptive": {"compression": "adaptive"},
+           "ring": {"allreduce": "ring"}, "hierarchical": {"allreduce": "hierarchical"},
+           "dga": {"sync": {"name": "delayed_averaging", "delay": 1}},
+           "localsgd": {"sync": {"name": "local_sgd", "period": 8}},
+           "diloco": {"sync": {"name": "diloco", "period": 8}}}
+LEARNING_RATES = {"cnn": 3e-3, "mlp": 1e-3, "widecnn": 1e-3}
 GLOBAL_BATCH = 128
 
 
@@ -88,7 +99,13 @@ def parse_args(argv=None):
     parser.add_argument("--link", default="none",
                         help="tc rate of every worker's link (100mbit, 1gbit; needs root) "
                              "or 'none' for plain 127.0.0.1 (default)")
-    parser.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp")
+    parser.add_argument("--hosts", default=None, metavar="HxW",
+                        help="H emulated hosts of W workers (overrides --workers; --link "
+                             "and --latency then shape the links between hosts)")
+    parser.add_argument("--latency", default=None, metavar="DELAY",
+                        help="one-way delay of the links, e.g. 100ms (needs root)")
+    parser.add_argument("--models", default="cnn,mlp",
+                        help="comma-separated: cnn, mlp, widecnn")
     parser.add_argument("--configs", default="sync,topk,qsgd,fp16",
                         help=f"comma-separated: {', '.join(CONFIGS)} or JSON dicts")
     parser.add_argument("--epochs", default="15",
@@ -109,7 +126,7 @@ def parse_args(argv=None):
         args.model_list = split_list(args.models)
         for model in args.model_list:
             if model not in LEARNING_RATES:
-                raise ValueError(f"unknown model {model!r}; use cnn or mlp")
+                raise ValueError(f"unknown model {model!r}; use cnn, mlp or widecnn")
         args.config_list = split_list(args.configs)
         for config in args.config_list:
             strategy_kwargs(config)
@@ -118,13 +135,16 @@ def parse_args(argv=None):
         args.epochs_of = {m: int(epochs.get(m, epochs.get("*", 0))) for m in args.model_list}
         if min(args.epochs_of.values()) < 1:
             raise ValueError(f"--epochs must give every model >= 1 epoch; got {args.epochs!r}")
+        if args.hosts:
+            height, _, width = args.hosts.partition("x")
+            args.workers = int(height) * int(width)
     except ValueError as err:
         parser.error(str(err))
     if args.link != "none" and not args.worker:
         from tfdist_ext.launch import netbed  # pylint: disable=import-outside-toplevel
         try:
             netbed.parse_rate(args.link)
-            netbed.check_available()
+            netbed.check_available(latency=bool(args.latency))
         except (ValueError, netbed.NetBedError) as err:
             parser.error(f"--link {args.link}: {err} (--link none: plain 127.0.0.1)")
     return args
@@ -163,6 +183,7 @@ def worker(args):
             records.append({
                 "model": args.model, "config": args.config,
                 "workers": strategy.num_replicas_in_sync, "link": args.link,
+                "hosts": args.hosts, "latency": args.latency,
                 "epoch": epoch + 1, "seconds": seconds, "bytes_sent": stats["bytes_sent"],
                 "dense_bytes": stats["dense_bytes"], "test_accuracy": float(accuracy),
                 "train_loss": float(logs["loss"]),
@@ -184,8 +205,11 @@ def launch(args, model, config, tag, directory, check):
     out = os.path.join(directory, f"{model}-{tag}-w{{worker}}.json")
     relaunch(__file__, args.workers,
              ["--worker", "--model", model, "--config", config, "--link", args.link,
-              "--epochs", args.epochs_of[model], "--seed", args.seed, "--out", out],
-             args.timeout, link=args.link, check=check)
+              "--epochs", args.epochs_of[model], "--seed", args.seed, "--out", out,
+              *(["--hosts", args.hosts] if args.hosts else []),
+              *(["--latency", args.latency] if args.latency else [])],
+             args.timeout, link=args.link, check=check, hosts=args.hosts,
+             latency=args.latency)
     return json.loads(pathlib.Path(out.replace("{worker}", "0")).read_text())
 
 
@@ -212,8 +236,13 @@ def summarize(records):
     return summary
 
 
+def _link(args):
+    text = args.link + (f", {args.latency} one way" if args.latency else "")
+    return text + (" between hosts" if args.hosts else "")
+
+
 def print_table(summary, args):
-    print(f"\ntime to accuracy: {args.workers} workers, link {args.link}, global batch "
+    print(f"\ntime to accuracy: {args.hosts or args.workers} workers, link {_link(args)}, global batch "
           f"{GLOBAL_BATCH}, seed {args.seed}", flush=True)
     print(f"{'model':<5} {'config':<12} {'epochs':>6} {'final acc':>9} {'target':>7} "
           f"{'MB sent':>9} {'total s':>8} {'s to target':>11} {'x sooner':>8}")
@@ -243,7 +272,7 @@ def plot(records, summary, args):
             ax.axhline(target, color="gray", linestyle="--", linewidth=1,
                        label=f"target {target:.3f}")
         ax.set(xlabel="training wall-clock seconds", ylabel="test accuracy",
-               title=f"{model}: {args.workers} workers, link {args.link}")
+               title=f"{model}: {args.hosts or args.workers} workers, link {_link(args)}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -32,7 +32,7 @@ def test_schedule_is_an_allreduce_for_every_dtype_and_size(hosts, inter):
 
 def test_pipeline_overlaps_the_phases_of_successive_chunks():
     n, hosts = 4 << 20, LAYOUTS["2x2"]
-    leader, member = (Hierarchical(hosts).schedule(4, r, n) for r in (0, 1))
+    leader, member = (Hierarchical(hosts, "ring").schedule(4, r, n) for r in (0, 1))
     assert len(leader.rounds) == 8 + 3  # 8 chunks; gather, 2 ring rounds, broadcast each
     # round 2: chunk 2 is gathered while the leaders reduce-scatter chunk 1 and
     # all-gather chunk 0
@@ -43,15 +43,24 @@ def test_pipeline_overlaps_the_phases_of_successive_chunks():
 
 def test_only_leaders_cross_hosts_and_bytes_are_counted():
     n, hosts = 1200, LAYOUTS["2x3"]
-    schedules = collectives.all_schedules(Hierarchical(hosts), 6, n)
+    schedules = collectives.all_schedules(Hierarchical(hosts, "ring"), 6, n)
     for s in schedules:
         for step in (x for rnd in s.rounds for x in rnd):
             if hosts[step.peer] != hosts[s.rank]:
                 assert s.rank in (0, 3) and step.peer in (0, 3), (s.rank, step)
     # leader: 2 members' broadcasts + a 2-rank ring (n/2 twice); member: one buffer
-    assert cost.elements_sent(Hierarchical(hosts), 6, 0, n) == 2 * n + n
-    assert cost.elements_sent(Hierarchical(hosts), 6, 1, n) == n
+    for inter in ("ring", "auto"):  # auto: one full exchange for two hosts
+        assert cost.elements_sent(Hierarchical(hosts, inter), 6, 0, n) == 2 * n + n
+        assert cost.elements_sent(Hierarchical(hosts, inter), 6, 1, n) == n
     assert [len(s.rounds) for s in schedules] == [4] * 6  # gather, 2 ring rounds, broadcast
+
+
+def test_auto_inter_takes_few_rounds_for_small_buffers_and_ring_for_large_on_many_hosts():
+    two, three = Hierarchical(LAYOUTS["2x2"]), Hierarchical(LAYOUTS["3x2"])
+    assert two.inter_algorithm(2, 256) == "butterfly"  # one exchange
+    assert len(two.schedule(4, 0, 256).rounds) == 3  # gather, exchange, broadcast
+    assert three.inter_algorithm(3, 4 << 20) == "ring"
+    assert three.inter_algorithm(3, 256) == "butterfly"
 
 
 def test_host_discovery_from_addresses():
@@ -75,10 +84,10 @@ def test_engines_match_numpy_on_replicas_grouped_into_hosts(engine, layout):
     hosts = LAYOUTS[layout]
     strategy = tfdist_ext.Strategy(
         num_replicas=len(hosts), engine=engine,
-        allreduce={"name": "hierarchical", "hosts": hosts, "inter_host": "ring"})
+        allreduce={"name": "hierarchical", "hosts": hosts})
     cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
     assert cross_ops.rank_hosts == hosts
-    assert cross_ops.algorithm_spec("hierarchical") == Hierarchical(hosts, "ring")
+    assert cross_ops.algorithm_spec("hierarchical") == Hierarchical(hosts, "auto")
     results = _run(strategy, len(hosts))
     inputs = [cases.numpy_inputs(r) for r in range(len(hosts))]
     problems = cases.check(len(hosts), inputs, *results[0])
@@ -102,7 +111,7 @@ def test_auto_considers_hierarchical_only_when_hosts_hold_several_ranks():
 
 
 @pytest.mark.parametrize("allreduce, message", [
-    ({"name": "hierarchical", "inter_host": "hierarchical"},
+    ({"name": "hierarchical", "inter_host": "native"},
      "Argument `inter_host` must name a flat algorithm for the host leaders: "),
     ({"name": "hierarchical", "inter_host": "rings"}, "received 'rings'"),
     ({"name": "hierarchical", "hosts": "0011"},

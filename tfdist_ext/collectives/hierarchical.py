@@ -15,7 +15,7 @@ each host is its leader. Three phases, in lock-step rounds like every schedule:
     3. broadcast: each leader sends the sum to the ranks of its host (one round).
 
 Only phase 2 crosses hosts, once per host, so a host's uplink carries
-2 (H-1)/H of the buffer each way with `inter="ring"`, whatever the number of
+2 (H-1)/H of the buffer each way (ring; one full buffer for 2 hosts), whatever the number of
 workers per host. A flat ring over P = H x W ranks carries 2 (P-1)/P of it per
 crossing, and with ranks numbered host by host each host link is crossed once
 per round each way: 1.5x the hierarchical volume for 2x2, 1.67x for 2x3, and
@@ -28,10 +28,10 @@ overlap the leaders' exchange of other chunks.
 Tuning: worth it when links between hosts are much slower than inside them (the
 namespaces of `tfdist-run -H HxW`, machines on one switch vs across a WAN). The
 leader's gather and broadcast move W-1 whole buffers over the host's own fast
-path; on hosts with one worker the schedule is just `inter`. Pick `inter` as for
-a flat all-reduce of H ranks: "ring" for large buffers, "butterfly" or "tree"
-for small ones. All ranks end bit-identical: the leaders by `inter`'s contract,
-the others by copying.
+path; on hosts with one worker the schedule is just `inter`. `inter="auto"`
+picks the leaders' algorithm as for a flat all-reduce of H ranks; name one to
+fix it. All ranks end bit-identical: the leaders by `inter`'s contract, the
+others by copying.
 
     hosts = (0, 0, 1, 1), inter = ring:
 
@@ -40,8 +40,10 @@ the others by copying.
 """
 
 import dataclasses
+import functools
 from typing import List, Tuple
 
+from tfdist_ext.collectives import cost
 from tfdist_ext.collectives.schedule import (
     ALGORITHMS,
     Recv,
@@ -85,6 +87,16 @@ def hosts_from_addresses(addresses, replicas_per_worker: int = 1) -> Tuple[int, 
     return tuple(h for h in per_worker for _ in range(replicas_per_worker))
 
 
+# Links between hosts for inter="auto": 100 us per message, 1 Gbit/s, 4 GB/s adds.
+# Only the ranking matters; it changes little over typical inter-host links.
+INTER_MODEL = cost.CostModel(alpha=1e-4, beta=1 / 1.25e8, gamma=1 / 4e9)
+
+
+@functools.lru_cache(maxsize=1024)
+def _best_inter(num_hosts: int, num_elements: int) -> str:
+    return cost.best_algorithm(None, num_hosts, 4 * num_elements, 4, INTER_MODEL)[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Hierarchical:
     """The hierarchical all-reduce for one host layout.
@@ -93,7 +105,11 @@ class Hierarchical:
         hosts: Host id of every rank, in rank order (any hashable ids; ranks
             with equal ids share a host). `hosts_from_addresses` builds it from
             TF_CONFIG.
-        inter: Registered flat algorithm the host leaders run among themselves.
+        inter: Registered flat algorithm the host leaders run among themselves,
+            or "auto" (the default): per chunk, the algorithm the flat cost
+            model (`INTER_MODEL`) ranks fastest for the leaders, e.g. a single
+            full exchange for two hosts (as few rounds as the ring's bytes),
+            the ring for large chunks on more hosts.
         chunk_elements: Buffers of at least twice this many elements are cut
             into chunks of about this size (at most `max_chunks`) that flow
             through the three phases as a pipeline: while the leaders exchange
@@ -104,7 +120,7 @@ class Hierarchical:
     """
 
     hosts: Tuple[int, ...]
-    inter: str = "ring"
+    inter: str = "auto"
     chunk_elements: int = 1 << 18
     max_chunks: int = 8
     name = NAME
@@ -114,7 +130,8 @@ class Hierarchical:
         if not self.hosts:
             raise ValueError("Argument `hosts` must give the host of every rank; received "
                              "an empty layout.")
-        ALGORITHMS.class_for(self.inter)  # unknown names list the valid ones
+        if self.inter != "auto":
+            ALGORITHMS.class_for(self.inter)  # unknown names list the valid ones
         positive_int("chunk_elements", self.chunk_elements)
         positive_int("max_chunks", self.max_chunks)
 
@@ -137,6 +154,12 @@ class Hierarchical:
                 rounds[c + s] += steps
         return tuple(rounds)
 
+    def inter_algorithm(self, num_hosts: int, num_elements: int) -> str:
+        """The flat algorithm the leaders run on a chunk of `num_elements`."""
+        if self.inter != "auto":
+            return self.inter
+        return _best_inter(num_hosts, max(num_elements, 1))
+
     def _phases(self, rank: int, start: int, stop: int) -> List[Round]:
         """The unpipelined rounds of `rank` for ``buf[start:stop]``."""
         groups = host_groups(self.hosts)
@@ -144,17 +167,17 @@ class Hierarchical:
         leader, members = mine[0], mine[1:]
         leaders = [g[0] for g in groups]
         n = stop - start
+        inter_fn = schedule_fn(self.inter_algorithm(len(groups), n))
         if rank == leader:
             gather = tuple(Recv(m, start, stop, True) for m in members)
             inter = [tuple(dataclasses.replace(step, peer=leaders[step.peer],
                                                start=start + step.start, stop=start + step.stop)
                            for step in rnd)
-                     for rnd in schedule_fn(self.inter)(len(groups), leaders.index(rank),
-                                                        n).rounds]
+                     for rnd in inter_fn(len(groups), leaders.index(rank), n).rounds]
             broadcast = tuple(Send(m, start, stop) for m in members)
         else:
             gather, broadcast = (Send(leader, start, stop),), (Recv(leader, start, stop, False),)
-            inter = [()] * len(schedule_fn(self.inter)(len(groups), 0, n).rounds)
+            inter = [()] * len(inter_fn(len(groups), 0, n).rounds)
         if all(len(g) == 1 for g in groups):  # no host has a second rank: just `inter`
             return inter
         return [gather, *inter, broadcast]

@@ -114,7 +114,8 @@ class AllReduce:
             TF_CONFIG), any hashable ids, e.g. ``(0, 0, 1, 1)``. None groups the
             workers by the host part of their TF_CONFIG addresses.
         inter_host: The flat algorithm "hierarchical" runs among the host
-            leaders. Defaults to "ring".
+            leaders, or "auto" (the default: chosen per chunk by the cost model,
+            `collectives.hierarchical.INTER_MODEL`).
         timeout_seconds: With the UCX engine, a collective that hears nothing
             from a peer for this long fails with an error naming the peer
             (0: wait forever). Raise it when workers may legitimately stall
@@ -130,7 +131,7 @@ class AllReduce:
     refine: bool = True
     calibration_cache: Optional[str] = "~/.cache/tfdist_ext/calibration.json"
     hosts: Optional[Tuple] = None
-    inter_host: str = "ring"
+    inter_host: str = "auto"
     timeout_seconds: float = 30.0
 
     def __post_init__(self):
@@ -151,10 +152,9 @@ class AllReduce:
                     f"Argument `hosts` must list the host of every worker, e.g. (0, 0, 1, 1) "
                     f"for two hosts of two workers; received {self.hosts!r}.")
             object.__setattr__(self, "hosts", tuple(self.hosts))
-        if self.inter_host in ("native", "auto", "hierarchical") or \
+        if self.inter_host in ("native", "hierarchical") or \
                 self.inter_host not in available_algorithms():
-            flat = [n for n in available_algorithms()
-                    if n not in ("native", "auto", "hierarchical")]
+            flat = [n for n in available_algorithms() if n not in ("native", "hierarchical")]
             raise ValueError(
                 f"Argument `inter_host` must name a flat algorithm for the host leaders: "
                 f"{', '.join(map(repr, flat))}; received {self.inter_host!r}.")
