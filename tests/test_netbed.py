@@ -127,6 +127,30 @@ def test_latency_round_trip_rate_and_collectives(tmp_path):
     assert set(_delay_lines()) <= set(lines_before), out
 
 
+@needs_latency
+@pytest.mark.multiworker
+def test_emulated_hosts_share_an_address_and_hierarchical_discovers_them(tmp_path):
+    before = _state()
+    launcher = _launch("-H", "2x2", "--timeout", 120, "--link-bandwidth", "100mbit",
+                       "--link-latency", "5ms", "--check", "--", sys.executable,
+                       ROOT / "tests/workers/hosts_checks.py", tmp_path)
+    out, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, out
+    assert "2 hosts (namespaces) of 2 workers" in out
+    assert "link check, worker 0 -> worker 2: " in out  # across the hosts' link
+    rtt = float(re.search(r"round trip ([\d.]+) ms \(requested 10 ms", out).group(1))
+    assert 8 < rtt < 14, out
+    results = read_worker_json(tmp_path, 4)
+    for result in results:
+        assert result["rank_hosts"] == [0, 0, 1, 1], result
+        for name in ("hierarchical", "ring"):  # workers add 1 + 2 + 3 + 4
+            assert result[name]["sum_min"] == result[name]["sum_max"] == 10.0, result
+    # 4 MB over 100 Mbit between the hosts: the ring crosses 1.5x the bytes
+    hierarchical = min(r["hierarchical"]["seconds"] for r in results)
+    assert min(r["ring"]["seconds"] for r in results) > 1.2 * hierarchical, results
+    assert _state() <= before, out
+
+
 @needs_netbed
 @pytest.mark.parametrize("how, code, latency", [
     ("sigint", 130, []), ("timeout", 124, []),
@@ -252,8 +276,11 @@ def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
     (["--link-latency", "soon"], "argument --link-latency: must be a delay such as 50ms, "
                                  "500us or 1s; received 'soon'"),
     (["--link-latency", "50"], "received '50'"),
-    (["--check"], "argument --check: needs --link-bandwidth or --link-latency, and "
-                  "-np >= 2"),
+    (["--check"], "argument --check: needs --link-bandwidth, --link-latency or -H HxW, "
+                  "and two workers on different hosts"),
+    (["-H", "2x0"], "the layout HxW needs H >= 1 hosts and W >= 1 workers per host"),
+    (["-H", "2x2", "-np", "3"], "argument -np: 3 workers do not match the layout -H 2x2 "
+                                "(4 workers); drop -np or make it 4"),
 ])
 def test_bad_network_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
