@@ -204,7 +204,8 @@ def launch(args, model, config, tag, directory, check):
     """One `tfdist_ext.launch` job of `model` under `config`; returns the chief's records."""
     out = os.path.join(directory, f"{model}-{tag}-w{{worker}}.json")
     relaunch(__file__, args.workers,
-             ["--worker", "--model", model, "--config", config, "--link", args.link,
+             ["--worker", "--model", model, "--models", model, "--config", config,
+              "--link", args.link,
               "--epochs", args.epochs_of[model], "--seed", args.seed, "--out", out,
               *(["--hosts", args.hosts] if args.hosts else []),
               *(["--latency", args.latency] if args.latency else [])],
