@@ -276,6 +276,10 @@ def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
     (["--link-latency", "soon"], "argument --link-latency: must be a delay such as 50ms, "
                                  "500us or 1s; received 'soon'"),
     (["--link-latency", "50"], "received '50'"),
+    (["--link-latency", "0:0=5ms"], "or delays per pair of hosts such as 0:1=100ms,0:2=30ms"),
+    (["--link-latency", "0:2=5ms"], "argument --link-latency: the pair 0:2 names host 2, but "
+                                    "there are 2 hosts (0..1; each worker is one without "
+                                    "-H HxW)"),
     (["--check"], "argument --check: needs --link-bandwidth, --link-latency or -H HxW, "
                   "and two workers on different hosts"),
     (["-H", "2x0"], "the layout HxW needs H >= 1 hosts and W >= 1 workers per host"),
@@ -330,3 +334,21 @@ def test_ucx_engine_crosses_the_shaped_link(tmp_path):
     # (shared memory would take milliseconds).
     assert all(r["ucx_tls"] == "tcp" and r["sum"] == 2.0 for r in results), results
     assert all(r["seconds"] > 0.5 for r in results), results
+
+
+@needs_latency
+def test_delays_per_host_pair():
+    from tfdist_ext.launch import netcheck  # pylint: disable=import-outside-toplevel
+
+    before, lines_before = _state(), _delay_lines()
+    with netbed.NetBed(3, None, latency={(0, 1): 0.02, (1, 2): 0.005}) as bed:
+        assert "one way between workers 0:1 20 ms, 1:2 5 ms" in bed.describe()
+        assert len(set(_delay_lines()) - set(lines_before)) == 4  # 1: two delays; 0, 2: one
+        checks = {(a, b): netcheck.measure(bed, a, b, nbytes=100_000)
+                  for a, b in ((0, 1), (2, 1), (0, 2))}
+    for (a, b), check in checks.items():
+        expected = 2 * {(0, 1): 0.02, (2, 1): 0.005, (0, 2): 0.0}[(a, b)]
+        assert check.requested_rtt == pytest.approx(expected)
+        assert abs(check.rtt - expected) < 0.2 * expected + 0.002, (a, b, check)
+    assert _state() <= before
+    assert set(_delay_lines()) <= set(lines_before)

@@ -79,7 +79,7 @@ def _hosts(text):
 
 def _delay(text):
     try:
-        netbed.parse_delay(text)
+        netbed.parse_latency(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -95,7 +95,7 @@ def _stop(signum, _frame):
 
 def _run_shaped(args, command, launcher) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
-    latency = netbed.parse_delay(args.link_latency) if args.link_latency else None
+    latency = netbed.parse_latency(args.link_latency) if args.link_latency else None
     layout = args.hosts if isinstance(args.hosts, tuple) else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
                         latency=latency, num_hosts=layout[0] if layout else None)
@@ -153,10 +153,12 @@ def build_parser():
                              "link shaped to RATE each way (tc syntax: 100kbit, 50mbit, "
                              "1gbit); needs root and iproute2")
     parser.add_argument("--link-latency", type=_delay, default=None, metavar="DELAY",
-                        help="run each worker in its own network namespace and delay "
-                             "every packet between two workers by DELAY one way (50ms: "
-                             "100 ms round trip); combines with --link-bandwidth; needs "
-                             "root, iptables and the fnfqueue package")
+                        help="run each worker (or -H host) in its own network namespace "
+                             "and delay every packet between two of them by DELAY one "
+                             "way (50ms: 100 ms round trip), or per pair of hosts "
+                             "(0:1=100ms,0:2=30ms; hosts are workers without -H HxW); "
+                             "combines with --link-bandwidth; needs root, iptables and "
+                             "the fnfqueue package")
     parser.add_argument("--check", action="store_true",
                         help="with --link-bandwidth or --link-latency: measure the round "
                              "trip and TCP throughput from worker 0 to worker 1 before "
@@ -186,6 +188,14 @@ def main(argv=None) -> int:
         parser.error(f"argument -np: {args.num_workers} workers do not fit the "
                      f"{args.hosts} slots of -H; raise the slots (-H localhost:"
                      f"{args.num_workers}) or lower -np")
+    if args.link_latency is not None:
+        pairs = netbed.parse_latency(args.link_latency)
+        count = layout[0] if layout else args.num_workers
+        for a, b in pairs if isinstance(pairs, dict) else ():
+            if max(a, b) >= count:
+                parser.error(f"argument --link-latency: the pair {a}:{b} names host "
+                             f"{max(a, b)}, but there are {count} hosts (0..{count - 1}; "
+                             f"each worker is one without -H HxW)")
     shaped = (args.link_bandwidth is not None or args.link_latency is not None
               or layout is not None)
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):

@@ -11,12 +11,13 @@ each worker's egress (namespace side: what it sends) and ingress (bridge side:
 what it receives) is capped at the rate, like a full-duplex switch port of
 that speed. Two workers talking therefore see the rate in each direction.
 
-Delay (`latency`, one way between any two workers): this kernel has no `netem`
-qdisc, so each namespace queues what arrives on its link (iptables NFQUEUE on
-PREROUTING, the receiver's side) to a delay line, `delayer.py`, that releases every
-packet `latency` seconds after it arrived. Handshakes, data and ACKs are all
-delayed, so TCP sees the round-trip time 2 x latency as on a long link, and the
-bandwidth shaping still applies. A delay line that dies is reported by `problem()`.
+Delay (`latency`, one way between any two hosts, or per pair of hosts): this
+kernel has no `netem` qdisc, so each namespace queues what arrives on its link
+(iptables NFQUEUE on PREROUTING, the receiver's side; by sender address when the
+delays differ) to delay lines, `delayer.py`, that release every packet `latency`
+seconds after it arrived. Handshakes, data and ACKs are all delayed, so TCP sees
+the round-trip time 2 x latency as on a long link, and the bandwidth shaping
+still applies. A delay line that dies is reported by `problem()`.
 
 Everything created is named after a short random job id, and a marker file
 /run/tfdist_netbed/<job> holds the launcher's pid (and its start time). A run
@@ -32,7 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 MARKER_DIR = "/run/tfdist_netbed"
 SUBNET_PREFIX = "10.213"  # 10.213.B.0/24, B chosen per job among unused ones.
@@ -81,6 +82,29 @@ def parse_delay(text: str) -> float:
     if not match:
         raise ValueError(f"must be a delay such as 50ms, 500us or 1s; received {text!r}")
     return float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2)]
+
+
+def parse_latency(text: str):
+    """A `--link-latency` value: one delay for every pair ('50ms' -> 0.05), or delays
+    per host pair ('0:1=100ms,0:2=30ms' -> {(0, 1): 0.1, (0, 2): 0.03}; pairs not
+    listed get none).
+
+    Raises:
+        ValueError: naming the text received and the accepted forms.
+    """
+    if "=" not in text:
+        return parse_delay(text)
+    pairs = {}
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*=\s*(\S+)\s*", item)
+        if not match or match.group(1) == match.group(2):
+            raise ValueError(
+                f"must be a delay such as 50ms, or delays per pair of hosts such as "
+                f"0:1=100ms,0:2=30ms (host indices, two different ones per pair); "
+                f"received {text!r}")
+        pair = tuple(sorted((int(match.group(1)), int(match.group(2)))))
+        pairs[pair] = parse_delay(match.group(3))
+    return pairs
 
 
 def check_available(latency: bool = False):
@@ -193,7 +217,9 @@ class NetBed:
             links as fast as the machine.
         log: Callable taking one line, for what the bed does (e.g. cleaning).
         latency: One-way delay in seconds between any two namespaces (each packet
-            is held that long on arriving at its receiver's namespace), or None.
+            is held that long on arriving at its receiver's namespace), a dict
+            ``{(host_a, host_b): seconds}`` of delays per pair of hosts (both
+            directions; pairs not listed are not delayed), or None.
             Long delays need large TCP buffers to fill the link: the namespaces get
             `tcp_rmem`/`tcp_wmem` maxima of 4 x the bandwidth-delay product (at
             least the kernel's defaults).
@@ -216,8 +242,15 @@ class NetBed:
         if num_workers < 1 or num_workers % num_hosts:
             raise ValueError(f"NetBed: `num_workers` must be a positive multiple of "
                              f"`num_hosts` ({num_hosts}); received {num_workers}")
-        if latency is not None and not 0 <= latency <= 10:
-            raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received {latency}")
+        pairs = latency if isinstance(latency, dict) else {}
+        for (a, b), seconds in pairs.items():
+            if not (0 <= a < num_hosts and 0 <= b < num_hosts and a != b):
+                raise ValueError(f"NetBed: `latency` names the host pair {a}:{b}, but the "
+                                 f"hosts are 0..{num_hosts - 1}; use two different ones")
+        for seconds in ([latency] if latency is not None and not pairs else pairs.values()):
+            if not 0 <= seconds <= 10:
+                raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received "
+                                 f"{seconds}")
         self.rate_bps = parse_rate(rate) if rate is not None else None
         self.rate = rate.strip().lower() if rate is not None else None
         self.latency = latency
@@ -227,7 +260,7 @@ class NetBed:
         self.log = log or (lambda line: None)
         self.addresses: List[str] = []
         self._created = False
-        self._delayers: List[subprocess.Popen] = []
+        self._delayers: List[Tuple[int, subprocess.Popen]] = []  # (host, process)
         self._name("%05x" % random.getrandbits(20))
 
     def _name(self, job: str):
@@ -279,9 +312,10 @@ class NetBed:
                 if self.rate is not None:
                     self._shape(inner, netns)
                     self._shape(outer)
-                if self.latency is not None:
-                    self._delay(i, inner)
                 self.addresses += [f"{subnet}.{i + 1}"] * self.per_host
+            if self.latency is not None:
+                for host in range(self.num_hosts):
+                    self._delay(host, f"tfd{self.job}n{host}")
         except BaseException:
             self.teardown()
             raise
@@ -295,40 +329,70 @@ class NetBed:
         """What the links emulate, in words."""
         parts = [f"every link shaped to {self.rate} each way (tc HTB)"] if self.rate else []
         between = "workers" if self.per_host == 1 else "hosts"
-        if self.latency is not None:
+        if isinstance(self.latency, dict):
+            parts.append(f"one way between {between} " + ", ".join(
+                f"{a}:{b} {d * 1e3:g} ms" for (a, b), d in sorted(self.latency.items()))
+                + " (round trips twice that; NFQUEUE delay lines)")
+        elif self.latency is not None:
             parts.append(f"{self.latency * 1e3:g} ms one way between {between} (round trip "
                          f"{2 * self.latency * 1e3:g} ms; NFQUEUE delay line)")
         return ", ".join(parts) or "links unshaped"
 
+    def host_of(self, worker: int) -> int:
+        """The host (namespace index) worker `worker` runs in."""
+        return worker // self.per_host
+
+    def delay_between(self, host_a: int, host_b: int) -> float:
+        """Seconds each packet from `host_a` to `host_b` is held (0 inside a host)."""
+        if host_a == host_b or self.latency is None:
+            return 0.0
+        if isinstance(self.latency, dict):
+            return self.latency.get(tuple(sorted((host_a, host_b))), 0.0)
+        return self.latency
+
     def _delay(self, host: int, device: str):
-        """Starts host `host`'s delay line, then queues what arrives on `device` to it."""
+        """Starts host `host`'s delay lines (one per distinct delay towards it), then
+        queues what arrives on `device` to them (by sender address when delays differ)."""
         netns = self.namespaces[host]
+        by_delay = {}
+        for other in range(self.num_hosts):
+            delay = self.delay_between(other, host)
+            if other != host and delay > 0:
+                by_delay.setdefault(delay, []).append(other)
+        if not by_delay:
+            return
         if self.rate_bps:
             # Enough buffer for the window to cover 2 x the round trip at full rate.
-            need = int(4 * self.rate_bps / 8 * 2 * self.latency)
+            need = int(4 * self.rate_bps / 8 * 2 * max(by_delay))
             for knob, default in (("tcp_rmem", 6291456), ("tcp_wmem", 4194304)):
                 current = _run("ip", "netns", "exec", netns, "sysctl", "-n",
                                f"net.ipv4.{knob}").split()
                 _run("ip", "netns", "exec", netns, "sysctl", "-q", "-w",
                      f"net.ipv4.{knob}={current[0]} {current[1]} {max(need, default)}")
-        line = [sys.executable, "-m", "tfdist_ext.launch.delayer", "--queue", "0",
-                "--delay", repr(self.latency)]
-        delayer = subprocess.Popen(
-            self.wrap(host * self.per_host, line),
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)))
-        self._delayers.append(delayer)
-        if delayer.stdout.readline().strip() != "ready":
-            raise NetBedError(f"the delay line of {self._host_name(host)} failed to start "
-                              f"(exit {delayer.wait()}); its error is above")
-        # No rule before the line is bound: NFQUEUE drops packets nobody reads.
-        _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A", "PREROUTING",
-             "-i", device, "-j", "NFQUEUE", "--queue-num", "0")
+        uniform = not isinstance(self.latency, dict)
+        for queue, (delay, sources) in enumerate(sorted(by_delay.items())):
+            line = [sys.executable, "-m", "tfdist_ext.launch.delayer", "--queue", str(queue),
+                    "--delay", repr(delay)]
+            delayer = subprocess.Popen(
+                self.wrap(host * self.per_host, line),
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                    p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)))
+            self._delayers.append((host, delayer))
+            if delayer.stdout.readline().strip() != "ready":
+                raise NetBedError(f"the delay line of {self._host_name(host)} failed to "
+                                  f"start (exit {delayer.wait()}); its error is above")
+            # No rule before the line is bound: NFQUEUE drops packets nobody reads.
+            matches = [[]] if uniform else [
+                ["-s", self.addresses[other * self.per_host]] for other in sources]
+            for match in matches:
+                _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A",
+                     "PREROUTING", "-i", device, *match, "-j", "NFQUEUE", "--queue-num",
+                     str(queue))
 
     def problem(self) -> Optional[str]:
         """Why the links no longer emulate what was asked (a delay line died), or None."""
-        for host, delayer in enumerate(self._delayers):
+        for host, delayer in self._delayers:
             code = delayer.poll()
             if code is not None:
                 name = self._host_name(host)
@@ -350,7 +414,7 @@ class NetBed:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             remove_job(self.job)  # kills the delay lines with their namespaces
-            for delayer in self._delayers:
+            for _, delayer in self._delayers:
                 delayer.wait()
             self._delayers = []
             self._created = False

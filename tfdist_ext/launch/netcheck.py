@@ -39,7 +39,7 @@ class LinkCheck:
 
     def __str__(self):
         rtt = f"round trip {self.rtt * 1e3:.2f} ms"
-        if self.requested_rtt is not None:
+        if self.requested_rtt:
             rtt += (f" (requested {self.requested_rtt * 1e3:g} ms, "
                     f"{self.rtt * 100 / self.requested_rtt:.0f}%)")
         rate = (f"measured {self.nbytes / self.seconds / 1e6:.2f} MB/s = {self.mbit_s:.1f} "
@@ -86,7 +86,8 @@ def _send(host, port, nbytes):
 
 def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> LinkCheck:
     """Round trip and TCP throughput from worker `sender`'s namespace to `receiver`'s."""
-    requested_rtt = 2 * bed.latency if bed.latency is not None else None
+    requested_rtt = (2 * bed.delay_between(bed.host_of(sender), bed.host_of(receiver))
+                     if bed.latency is not None else None)
     if nbytes is None:
         seconds = 1.5 + 20 * (requested_rtt or 0)
         nbytes = int(min(256e6, max(5e6, (bed.rate_bps or 1e9) / 8 * seconds)))
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(f"argument --link-bandwidth: {err}")
     try:
-        latency = netbed.parse_delay(args.link_latency) if args.link_latency else None
+        latency = netbed.parse_latency(args.link_latency) if args.link_latency else None
     except ValueError as err:
         parser.error(f"argument --link-latency: {err}")
     try:
