@@ -413,7 +413,15 @@ class NetBed:
         # A Ctrl-C now would leave half a bed behind: hold SIGINT/SIGTERM until done.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            remove_job(self.job)  # kills the delay lines with their namespaces
+            for _, delayer in self._delayers:  # SIGTERM: each prints what it carried
+                if delayer.poll() is None:
+                    delayer.terminate()
+            for _, delayer in self._delayers:
+                try:
+                    delayer.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            remove_job(self.job)  # kills what is left with the namespaces
             for _, delayer in self._delayers:
                 delayer.wait()
             self._delayers = []
