@@ -111,6 +111,9 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", default="15",
                         help="epochs for every model, or per model: 'cnn=15,mlp=8'")
     parser.add_argument("--seed", type=int, default=0, help="same for every config")
+    parser.add_argument("--collective-timeout", type=float, default=None, metavar="S",
+                        help="the UCX engine's no-progress timeout for every config "
+                             "(default: the strategy's, 30 s)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     parser.add_argument("--check", action="store_true",
                         help="measure the shaped link before the first run (tfdist-run --check)")
@@ -157,7 +160,14 @@ def worker(args):
     import tfdist_ext  # pylint: disable=import-outside-toplevel
     from examples.keras_fit import load_mnist1d  # pylint: disable=import-outside-toplevel
 
-    strategy = tfdist_ext.Strategy(**strategy_kwargs(args.config))
+    kwargs = strategy_kwargs(args.config)
+    if args.collective_timeout is not None:
+        from tfdist_ext.collectives import engines  # pylint: disable=import-outside-toplevel
+        allreduce = kwargs.get("allreduce") or engines.default_algorithm(
+            engines.resolve(kwargs.get("engine")))
+        allreduce = allreduce if isinstance(allreduce, dict) else {"name": allreduce}
+        kwargs["allreduce"] = dict(allreduce, timeout_seconds=args.collective_timeout)
+    strategy = tfdist_ext.Strategy(**kwargs)
     index = strategy.cluster.task_index if strategy.cluster else 0
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_mnist1d()
@@ -207,6 +217,8 @@ def launch(args, model, config, tag, directory, check):
              ["--worker", "--model", model, "--models", model, "--config", config,
               "--link", args.link,
               "--epochs", args.epochs_of[model], "--seed", args.seed, "--out", out,
+              *(["--collective-timeout", args.collective_timeout]
+                if args.collective_timeout is not None else []),
               *(["--hosts", args.hosts] if args.hosts else []),
               *(["--latency", args.latency] if args.latency else [])],
              args.timeout, link=args.link, check=check, hosts=args.hosts,
@@ -285,25 +297,31 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    records = []
+    records, failed = [], []
     with tempfile.TemporaryDirectory(prefix="tfdist_tta_") as directory:
         for model in args.model_list:
             for i, config in enumerate(args.config_list):
                 check = args.check and not records and i == 0
                 try:
                     records += launch(args, model, config, i, directory, check)
-                except RuntimeError as err:
+                except RuntimeError as err:  # the other configs still run
                     print(f"time_to_accuracy: {err}", file=sys.stderr, flush=True)
-                    return 1
+                    failed.append(f"{model} {config}")
+                if args.json:  # so far, in case a later launch hangs
+                    pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                    pathlib.Path(args.json).write_text(json.dumps(
+                        {"records": records, "failed": failed}, indent=1))
     summary = summarize(records)
     print_table(summary, args)
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(
-            {"records": records, "summary": summary}, indent=1))
+            {"records": records, "summary": summary, "failed": failed}, indent=1))
     if args.png:
         plot(records, summary, args)
-    return 0
+    if failed:
+        print(f"time_to_accuracy: failed: {', '.join(failed)}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
