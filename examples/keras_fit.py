@@ -42,29 +42,25 @@ def build_model(keras, name="cnn"):
     learning for tens of epochs.
     """
     if name == "widecnn":
-        return keras.Sequential([
-            keras.Input((40,)),
-            keras.layers.Reshape((40, 1)),
-            keras.layers.Conv1D(64, 5, padding="same", activation="relu"),
-            keras.layers.Conv1D(128, 3, strides=2, padding="same", activation="relu"),
-            keras.layers.Conv1D(128, 3, strides=2, padding="same", activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(512, activation="relu"),
-            keras.layers.Dense(10),
-        ])
+        return _cnn(keras, (64, 128, 128), 512)
     if name == "mlp":
         return keras.Sequential([keras.Input((40,)),
                                  keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(10)])
+    return _cnn(keras, (32, 32, 32), 64)
+
+
+def _cnn(keras, channels, head):
+    """Three 1-D convolutions (`channels`; the last two with stride 2), a `head`-unit layer."""
     return keras.Sequential([
         keras.Input((40,)),
         keras.layers.Reshape((40, 1)),
-        keras.layers.Conv1D(32, 5, padding="same", activation="relu"),
-        keras.layers.Conv1D(32, 3, strides=2, padding="same", activation="relu"),
-        keras.layers.Conv1D(32, 3, strides=2, padding="same", activation="relu"),
+        keras.layers.Conv1D(channels[0], 5, padding="same", activation="relu"),
+        keras.layers.Conv1D(channels[1], 3, strides=2, padding="same", activation="relu"),
+        keras.layers.Conv1D(channels[2], 3, strides=2, padding="same", activation="relu"),
         keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(head, activation="relu"),
         keras.layers.Dense(10),
     ])
 
