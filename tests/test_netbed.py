@@ -75,6 +75,16 @@ def _delay_lines():
     return found
 
 
+def _wait_for_pid_files(launcher, directory, num_workers=2):
+    """The pid files WORKER writes, once every worker has written its own."""
+    deadline = time.monotonic() + 30
+    files = [directory / f"pids{i}" for i in range(num_workers)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+        time.sleep(0.05)
+    return files
+
+
 def _launch(*args):
     return subprocess.Popen([sys.executable, "-m", "tfdist_ext.launch", *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -162,11 +172,7 @@ def test_stopped_shaped_job_leaves_nothing(tmp_path, how, code, latency):
     extra = ["--timeout", 4] if how == "timeout" else []
     launcher = _launch("-np", 2, "--grace", 1, "--link-bandwidth", "10mbit", *latency,
                        *extra, sys.executable, script, tmp_path)
-    deadline = time.monotonic() + 30
-    files = [tmp_path / f"pids{i}" for i in range(2)]
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
-        time.sleep(0.05)
+    files = _wait_for_pid_files(launcher, tmp_path)
     records = [f.read_text().split() for f in files]
     assert [r[2].split(":")[0].rsplit(".", 1)[1] for r in records] == ["1", "2"]
     assert all(r[2].startswith(netbed.SUBNET_PREFIX + ".") for r in records)
@@ -186,11 +192,7 @@ def test_killed_launcher_with_delay_lines_is_cleaned(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     launcher = _launch("-np", 2, "--link-latency", "5ms", sys.executable, script, tmp_path)
-    deadline = time.monotonic() + 30
-    files = [tmp_path / f"pids{i}" for i in range(2)]
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
-        time.sleep(0.05)
+    files = _wait_for_pid_files(launcher, tmp_path)
     lines = set(_delay_lines()) - set(lines_before)
     assert len(lines) == 2
     launcher.kill()
@@ -210,11 +212,7 @@ def test_dead_delay_line_stops_the_job_naming_it(tmp_path):
     script.write_text(WORKER)
     launcher = _launch("-np", 2, "--grace", 1, "--link-latency", "5ms", sys.executable,
                        script, tmp_path)
-    deadline = time.monotonic() + 30
-    files = [tmp_path / f"pids{i}" for i in range(2)]
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
-        time.sleep(0.05)
+    files = _wait_for_pid_files(launcher, tmp_path)
     lines = sorted(set(_delay_lines()) - set(lines_before))
     os.kill(lines[1], signal.SIGKILL)
     out, _ = launcher.communicate(timeout=30)

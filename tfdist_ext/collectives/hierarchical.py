@@ -146,9 +146,10 @@ class Hierarchical:
     def _rounds(self, p: int, rank: int, n: int) -> Tuple[Round, ...]:
         del p
         chunks = max(1, min(self.max_chunks, n // self.chunk_elements))
+        groups = host_groups(self.hosts)
         rounds = []
         for c, (start, stop) in enumerate(split(0, n, chunks)):
-            for s, steps in enumerate(self._phases(rank, start, stop)):
+            for s, steps in enumerate(self._phases(groups, rank, start, stop)):
                 while len(rounds) <= c + s:
                     rounds.append(())
                 rounds[c + s] += steps
@@ -160,9 +161,9 @@ class Hierarchical:
             return self.inter
         return _best_inter(num_hosts, max(num_elements, 1))
 
-    def _phases(self, rank: int, start: int, stop: int) -> List[Round]:
-        """The unpipelined rounds of `rank` for ``buf[start:stop]``."""
-        groups = host_groups(self.hosts)
+    def _phases(self, groups, rank: int, start: int, stop: int) -> List[Round]:
+        """The unpipelined rounds of `rank` for ``buf[start:stop]`` (`groups`: from
+        `host_groups`)."""
         mine = next(g for g in groups if rank in g)
         leader, members = mine[0], mine[1:]
         leaders = [g[0] for g in groups]

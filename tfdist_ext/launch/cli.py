@@ -93,10 +93,9 @@ def _stop(signum, _frame):
     raise _Stopped(signum)
 
 
-def _run_shaped(args, command, launcher) -> int:
+def _run_shaped(args, command, launcher, layout) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
     latency = netbed.parse_latency(args.link_latency) if args.link_latency else None
-    layout = args.hosts if isinstance(args.hosts, tuple) else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
                         latency=latency, num_hosts=layout[0] if layout else None)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -212,7 +211,7 @@ def main(argv=None) -> int:
                         verbose=args.verbose, max_restarts=args.max_restarts)
     try:
         if shaped:
-            return _run_shaped(args, command, launcher)
+            return _run_shaped(args, command, launcher, layout)
         return launcher.run()
     except FileNotFoundError as err:
         launcher.say(f"cannot start {command[0]!r}: {err.strerror}.")

@@ -136,6 +136,13 @@ def check_available(latency: bool = False):
             f"Install it (pip install 'fnfqueue>=1.1.2,<1.2'), or {NO_LATENCY}.") from None
 
 
+def child_env() -> dict:
+    """The environment for the bed's own Python helpers (delay lines, link checks):
+    this one, with tfdist_ext importable even when it is not installed."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
+
+
 def _run(*argv, check=True) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if check and result.returncode != 0:
@@ -375,9 +382,7 @@ class NetBed:
                     "--delay", repr(delay)]
             delayer = subprocess.Popen(
                 self.wrap(host * self.per_host, line),
-                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                    p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)))
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=child_env())
             self._delayers.append((host, delayer))
             if delayer.stdout.readline().strip() != "ready":
                 raise NetBedError(f"the delay line of {self._host_name(host)} failed to "

@@ -92,9 +92,8 @@ def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> LinkCheck:
         seconds = 1.5 + 20 * (requested_rtt or 0)
         nbytes = int(min(256e6, max(5e6, (bed.rate_bps or 1e9) / 8 * seconds)))
     me = [sys.executable, "-m", "tfdist_ext.launch.netcheck"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    from tfdist_ext.launch import netbed  # pylint: disable=import-outside-toplevel
+    env = netbed.child_env()
     host = bed.addresses[receiver]
     procs = []
     try:
