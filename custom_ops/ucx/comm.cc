@@ -30,10 +30,12 @@ uint64_t Tag(int sender, uint32_t seq, int round, uint32_t message) {
          (static_cast<uint64_t>(round & 0xFFF) << 16) | (message & 0xFFFF);
 }
 
+}  // namespace
+
 // The process's UCP context, created once with TCP segments sized for
 // bandwidth (UCX's 8k/64k defaults are ~4x slower on loopback) unless the
 // user set them in the environment.
-ucp_context_h Context(std::string* error) {
+ucp_context_h SharedContext(std::string* error) {
   static std::once_flag once;
   static ucp_context_h context = nullptr;
   static std::string context_error;
@@ -62,6 +64,8 @@ ucp_context_h Context(std::string* error) {
   if (context == nullptr) *error = context_error;
   return context;
 }
+
+namespace {
 
 bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start < a.stop; }
 
@@ -114,7 +118,7 @@ struct Comm::Pending {
 
 Comm::Comm(int rank, int world_size, CommOptions options)
     : rank_(rank), world_size_(world_size), options_(options) {
-  ucp_context_h context = Context(&init_error_);
+  ucp_context_h context = SharedContext(&init_error_);
   if (context == nullptr) return;
   ucp_worker_params_t params = {};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

@@ -142,6 +142,10 @@ class Comm {
   std::thread thread_;
 };
 
+// The process's UCP context (tag matching and wake-up), created on first use;
+// null with `error` set when UCX cannot start. Shared with mailbox.h.
+ucp_context_h SharedContext(std::string* error);
+
 // Process-wide table of communicators, addressed by the int64 handle the ops take.
 int64_t Register(std::shared_ptr<Comm> comm);
 std::shared_ptr<Comm> Lookup(int64_t handle);
