@@ -87,8 +87,8 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     ({"compression": "topkk"}, ValueError,
      r"Unknown compression 'topkk'. Valid names: 'adaptive', 'bf16', 'fp16', 'int8', 'none', "
      r"'powersgd', 'qsgd', 'randomk', 'sign', 'terngrad', 'topk', 'topk_approx'"),
-    ({"sync": "async"}, ValueError,
-     r"Unknown sync 'async'. Valid names: 'delayed_averaging', 'diloco', 'gossip', "
+    ({"sync": "asynch"}, ValueError,
+     r"Unknown sync 'asynch'. Valid names: 'async', 'delayed_averaging', 'diloco', 'gossip', "
      r"'local_sgd', 'model_averaging', 'stale_synchronous', 'sync'"),
     ({"bucketing": "mgwfpb"}, ValueError, r"Unknown bucketing 'mgwfpb'. Valid names: 'fixed', 'mgwfbp', 'wfbp'"),
     ({"bucketing": {"name": "mgwfbp", "profile_steps": 0}}, ValueError,

@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 __version__ = "0.1.0"
 
 _SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "keras", "launch", "ops",
-               "sync")
+               "ps", "sync")
 _ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 

@@ -44,6 +44,11 @@ class ClusterSpec:
         """"host:port" of every worker task, in the order of their ids (chief first)."""
         return [a for job in _WORKER_JOBS for a in self.jobs.get(job, ())]
 
+    def without_servers(self) -> "ClusterSpec":
+        """This spec without its "ps" job (what TF's collectives see)."""
+        return dataclasses.replace(
+            self, jobs={job: list(a) for job, a in self.jobs.items() if job != "ps"})
+
     def resolver(self):
         """A `tf.distribute` cluster resolver for this spec."""
         return _compat.SimpleClusterResolver(

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -86,9 +87,9 @@ class StrategyConfig:
 class _Extended(_compat.CollectiveAllReduceExtended):
     """MWMS internals with tfdist_ext cross-device ops swapped in."""
 
-    def __init__(self, container_strategy, config, devices):
+    def __init__(self, container_strategy, config, devices, cluster_resolver=None):
         self.tfdist_config = config
-        super().__init__(container_strategy, cluster_resolver=None,
+        super().__init__(container_strategy, cluster_resolver=cluster_resolver,
                          communication_options=config.communication_options(),
                          devices=devices)
 
@@ -192,16 +193,18 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                     "GPU (one on CPU). Drop `num_replicas`, or unset TF_CONFIG to run "
                     f"{num_replicas} replicas in this process.")
             devices = cluster.local_devices(num_replicas)
+        resolver = self._servers(spec, config.sync)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
         with startup.join_within(startup_timeout, spec):
-            _compat.strategy_init(self, _Extended(self, config, devices))
+            _compat.strategy_init(self, _Extended(self, config, devices, resolver))
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config = config
         self.cluster = spec
         self._worker_local = False
+        self._local_logs = False
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
@@ -217,6 +220,22 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
+
+    @staticmethod
+    def _servers(spec, sync_policy):
+        """Serves and exits on a "ps" task; else the workers' resolver (None: TF_CONFIG's)."""
+        if spec is None or "ps" not in spec.jobs:
+            return None
+        if not isinstance(sync_policy, sync.Asynchronous):
+            raise ValueError(
+                f"TF_CONFIG has a 'ps' job ({len(spec.jobs['ps'])} task(s)), which only "
+                f"sync='async' uses; this strategy has sync={sync_policy.name!r}. Pass "
+                "sync='async', or launch without parameter servers (drop `--ps`, or the "
+                "'ps' job from TF_CONFIG).")
+        if spec.task_type == "ps":
+            from tfdist_ext.ps import server  # pylint: disable=import-outside-toplevel
+            sys.exit(server.serve(spec, sync_policy.timeout_seconds))
+        return spec.without_servers().resolver()
 
     @property
     def _cross_ops(self):
@@ -342,6 +361,15 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         finally:
             self._worker_local = previous
 
+    def keep_logs_local(self, enabled: bool):
+        """While enabled, eager `reduce` calls stay on this worker too.
+
+        Set by `sync="async"` during `fit` (outside evaluation): Keras reads
+        its metrics at epoch ends, and an all-worker reduction there would
+        make every worker wait for the slowest once per epoch.
+        """
+        self._local_logs = bool(enabled)
+
     @property
     def num_workers(self) -> int:
         """Worker processes in the cluster (1 without TF_CONFIG)."""
@@ -397,7 +425,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         the plain cross-replica reduction, so `axis` is dropped for scalars.
         """
 
-        if self._worker_local and tf.inside_function():
+        if (self._worker_local and tf.inside_function()) or self._local_logs:
             return _compat.nest.map_structure(
                 lambda v: self._reduce_on_worker(reduce_op, v, axis), value)
 

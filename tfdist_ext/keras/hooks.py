@@ -201,12 +201,17 @@ class SyncCallback(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         self._drain()
+        self.runner.on_test_begin(self.model)
+
+    def on_test_end(self, logs=None):
+        self.runner.on_test_end(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
 
     def on_train_end(self, logs=None):
         self._drain()
+        self.runner.on_train_end(self.model)
 
 
 class MomentumCheck(keras.callbacks.Callback):

@@ -128,6 +128,10 @@ def build_parser():
     parser.add_argument("-np", "--num-workers", dest="num_workers", default=None,
                         type=_positive(int, 1), metavar="N",
                         help="number of worker processes (>= 1)")
+    parser.add_argument("--ps", dest="num_servers", type=_positive(int, 0), default=0,
+                        metavar="M",
+                        help="also start M parameter servers (TF_CONFIG job \"ps\", same "
+                             "command) for Strategy(sync='async'); not counted in -np")
     parser.add_argument("-H", "--hosts", type=_hosts, default=None,
                         metavar="localhost:N|HxW",
                         help="Horovod's spelling, for this machine only: N slots; -np "
@@ -200,6 +204,9 @@ def main(argv=None) -> int:
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
         parser.error("argument --check: needs --link-bandwidth, --link-latency or "
                      "-H HxW, and two workers on different hosts")
+    if args.num_servers and shaped:
+        parser.error("argument --ps: parameter servers do not run on the network test bed "
+                     "yet; drop --link-bandwidth / --link-latency / -H HxW, or --ps")
     if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
     if shaped:
@@ -208,7 +215,8 @@ def main(argv=None) -> int:
         except netbed.NetBedError as err:
             parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
-                        verbose=args.verbose, max_restarts=args.max_restarts)
+                        verbose=args.verbose, max_restarts=args.max_restarts,
+                        num_servers=args.num_servers)
     try:
         if shaped:
             return _run_shaped(args, command, launcher, layout)

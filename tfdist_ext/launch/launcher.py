@@ -37,6 +37,16 @@ class Worker:
     index: int
     process: subprocess.Popen
     returncode: Optional[int] = None
+    server: bool = False  # a parameter server ("ps" task), not a worker
+
+    @property
+    def label(self) -> str:
+        """The output prefix: the worker index, or "ps" and the server index."""
+        return f"ps{self.index}" if self.server else str(self.index)
+
+    @property
+    def name(self) -> str:
+        return f"parameter server {self.index}" if self.server else f"worker {self.index}"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
@@ -80,11 +90,19 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def tf_configs(addresses: Sequence[str]) -> List[str]:
-    """One TF_CONFIG JSON string per worker of a cluster of `addresses`."""
+def tf_configs(addresses: Sequence[str], servers: Sequence[str] = ()) -> List[str]:
+    """One TF_CONFIG JSON string per worker of `addresses`, then one per "ps" task of `servers`."""
     cluster = {"worker": list(addresses)}
-    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-            for i in range(len(addresses))]
+    if servers:
+        cluster["ps"] = list(servers)
+    return ([json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+             for i in range(len(addresses))]
+            + [json.dumps({"cluster": cluster, "task": {"type": "ps", "index": i}})
+               for i in range(len(servers))])
+
+
+# Seconds parameter servers get to exit by themselves once every worker has succeeded.
+SERVER_GRACE = 15.0
 
 
 # Seconds workers get between a forwarded SIGINT / SIGTERM and the SIGTERM + SIGKILL of
@@ -130,11 +148,16 @@ class Launcher:
             `TFDIST_RESTART` (0 at first). Not after a timeout or a signal to
             the launcher. With `keras.callbacks.BackupAndRestore` training
             resumes from the last backup.
+        num_servers: Parameter servers ("ps" tasks of TF_CONFIG, on
+            127.0.0.1) running the same command; they are not counted in
+            `num_workers`, and the job ends when the workers have.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
-                 verbose=False, env=None, out=None, network=None, max_restarts=0):
+                 verbose=False, env=None, out=None, network=None, max_restarts=0,
+                 num_servers=0):
         self.num_workers = num_workers
+        self.num_servers = num_servers
         self.command = list(command)
         self.timeout = timeout
         self.grace = grace
@@ -162,16 +185,20 @@ class Launcher:
             if not self.verbose and NOISE.match(line):
                 continue
             with self._lock:
-                self.out.write(f"[{worker.index}] {line}\n")
+                self.out.write(f"[{worker.label}] {line}\n")
                 self.out.flush()
 
     def _start(self):
-        ports = free_ports(self.num_workers)  # also free in a fresh namespace
-        hosts = self.network.addresses if self.network else ["127.0.0.1"] * len(ports)
-        configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)])
-        for index, config in enumerate(configs):
+        ports = free_ports(self.num_workers + self.num_servers)  # also free in a namespace
+        hosts = self.network.addresses if self.network else ["127.0.0.1"] * self.num_workers
+        configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)],
+                             [f"127.0.0.1:{p}" for p in ports[self.num_workers:]])
+        for number, config in enumerate(configs):
+            server = number >= self.num_workers
+            index = number - self.num_workers if server else number
             # `ip netns exec` execs the command: the pid and process group stay the same.
-            command = self.network.wrap(index, self.command) if self.network else self.command
+            command = (self.network.wrap(index, self.command) if self.network and not server
+                       else self.command)
             env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
                        TFDIST_RESTART=str(self.restarts), **self.env)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -183,7 +210,7 @@ class Launcher:
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-            worker = Worker(index, process)
+            worker = Worker(index, process, server=server)
             self.workers.append(worker)
             pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
             pump.start()
@@ -266,16 +293,34 @@ class Launcher:
                 self.say(f"network test bed: {problem}; stopping all workers.")
                 self.stop_all()
                 return 1
-            for worker in self.workers:
+            # Servers first: their failure is usually why workers failed too.
+            for worker in sorted(self.workers, key=lambda w: not w.server):
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
-                    running = [w.index for w in self.workers if w.process.poll() is None]
-                    self._failure = f"worker {worker.index} {describe_exit(code)}"
-                    self.say(f"worker {worker.index} (pid {worker.process.pid}) "
-                             f"{describe_exit(code)}; stopping workers {running}.")
+                    running = [w.index for w in self.workers
+                               if not w.server and w.process.poll() is None]
+                    servers = [w.index for w in self.workers
+                               if w.server and w.process.poll() is None]
+                    self._failure = f"{worker.name} {describe_exit(code)}"
+                    self.say(f"{worker.name} (pid {worker.process.pid}) "
+                             f"{describe_exit(code)}; stopping workers {running}"
+                             + (f" and parameter servers {servers}." if servers else "."))
                     self.stop_all()
                     return shell_code(code)
-            if all(w.process.poll() == 0 for w in self.workers):
-                return 0
+            if all(w.process.poll() == 0 for w in self.workers if not w.server):
+                return self._stop_servers()
             time.sleep(0.05)
+
+    def _stop_servers(self) -> int:
+        """After the workers succeeded: lets the servers exit, stops those that do not."""
+        deadline = time.monotonic() + SERVER_GRACE
+        servers = [w for w in self.workers if w.server]
+        while time.monotonic() < deadline and any(w.process.poll() is None for w in servers):
+            time.sleep(0.05)
+        left = [w.label for w in servers if w.process.poll() is None]
+        if left:
+            self.say(f"every worker succeeded; stopping parameter server(s) {left}, which "
+                     f"did not exit within {SERVER_GRACE:g} s.")
+            self.stop_all()
+        return 0

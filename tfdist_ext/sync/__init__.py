@@ -10,9 +10,11 @@ name                      what is communicated
 "delayed_averaging"       gradients, the average applied `delay` steps late
 "model_averaging"         model corrections of k learners per replica, every step
 "gossip"                  parameters with a few peers, every step (no all-reduce)
+"async"                   gradients to parameter servers, no waiting for others
 ========================  =====================================================
 """
 
+from tfdist_ext.sync.asynchronous import Asynchronous
 from tfdist_ext.sync.base import SYNC_POLICIES, Synchronous, SyncPolicy, get
 from tfdist_ext.sync.delayed_averaging import DelayedAveraging
 from tfdist_ext.sync.diloco import DiLoCo
@@ -22,4 +24,4 @@ from tfdist_ext.sync.model_averaging import ModelAveraging
 from tfdist_ext.sync.stale_synchronous import StaleSynchronous
 
 __all__ = ["SYNC_POLICIES", "SyncPolicy", "Synchronous", "LocalSGD", "DiLoCo", "Gossip",
-           "StaleSynchronous", "DelayedAveraging", "ModelAveraging", "get"]
+           "StaleSynchronous", "DelayedAveraging", "ModelAveraging", "Asynchronous", "get"]

@@ -100,6 +100,15 @@ class PolicyRunner:
         self._steps_at_drain = steps
         self._check_step_counts(counts, since)
 
+    def on_train_end(self, model):
+        """Hook: runs after the final drain of `fit` (eager)."""
+
+    def on_test_begin(self, model):
+        """Hook: runs before evaluation, after the drain (eager)."""
+
+    def on_test_end(self, model):
+        """Hook: runs after evaluation (eager)."""
+
     def _drain_corrections(self, model):
         """Hook: apply what in-flight communication owes each replica (before averaging)."""
 

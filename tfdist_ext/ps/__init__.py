@@ -1,0 +1,11 @@
+"""Parameter servers for asynchronous training (`Strategy(sync="async")`).
+
+* `wire`: message kinds, tags and the mailbox calls over UCX (the
+  `TfdistPs*` ops of `custom_ops/ucx/mailbox_ops.cc`);
+* `sharding`: which server holds which variable (pure);
+* `admission`: which pushed gradient a server may apply next under a
+  staleness bound (pure);
+* `server`: the serving loop a "ps" task runs.
+
+The worker side is `tfdist_ext.sync.asynchronous`.
+"""
