@@ -39,10 +39,18 @@ def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
         assert r["stats"]["async_refused"] == 0
     # Validation ran during fit (the workers pause on the servers meanwhile).
     assert all(len(r["val_loss"]) == 2 for r in unbounded)
-    # The checkpoint of session 1 restores its weights onto the servers.
+    # Every worker ends with the servers' momentum (what checkpoints save).
+    assert unbounded[0]["slots"] == unbounded[1]["slots"] == unbounded[2]["slots"]
+    assert any(np.abs(np.asarray(m)).max() > 0 for m in unbounded[0]["slots"])
+    # Session 3 seeds the servers with weights and momentum restored from session 1's
+    # checkpoint; at learning rate 0 each of the 3 updates adds the decayed momentum:
+    # w + (0.5 + 0.25 + 0.125) m (a lost momentum would leave w unchanged).
+    start = restored[0]["restored"]
+    assert any(np.abs(np.asarray(m)).max() > 0 for m in start["slots"])
     for r in restored:
-        for got, want in zip(r["weights"], unbounded[0]["weights"]):
-            np.testing.assert_allclose(got, want, rtol=1e-6)
+        for got, w, m in zip(r["weights"], start["weights"], start["slots"]):
+            np.testing.assert_allclose(got, np.asarray(w) + 0.875 * np.asarray(m),
+                                       rtol=1e-5, atol=1e-6)
     assert "parameter server 0, session 0:" in out and "worker 2:" in out
     assert "every worker has left; exiting" in out
 

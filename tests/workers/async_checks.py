@@ -8,10 +8,11 @@ serves and exits. Modes:
 * ``train``: three sessions (strategies) in one process: (1) unbounded
   async SGD with worker N-1 sleeping before every step (about 3x slower),
   validation data and a ModelCheckpoint; (2) the same with
-  ``staleness_bound = N - 1``; (3) a fresh model restored from session 1's
-  checkpoint, trained with learning rate 0 for one step. Writes per session
-  the weights' digest, stats, losses, steps and the evaluation loss to
-  OUT_DIR/w<index>.json.
+  ``staleness_bound = N - 1``; (3) the model and optimizer restored from
+  session 1's checkpoint (`keras.models.load_model`), trained one step per
+  worker at learning rate 0: the restored momentum alone moves the weights. Writes per session
+  the weights' digest, stats, losses, weights, momentum slots and the
+  evaluation loss to OUT_DIR/w<index>.json.
 * ``kill_server``: the "ps" task writes its pid to OUT_DIR/ps.pid; worker 0
   kills it with SIGKILL at step 3 of a long fit.
 """
@@ -67,17 +68,22 @@ def digest(model):
     return hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
 
 
-def session(policy, index, num_workers, out, learning_rate=0.05, steps=STEPS, epochs=EPOCHS,
-            restore=None, checkpoint=None):
+def slots(model):
+    return [v.numpy().tolist() for v in model.optimizer.variables if "momentum" in v.path]
+
+
+def session(policy, index, num_workers, out, steps=STEPS, epochs=EPOCHS, restore=None,
+            checkpoint=None):
     strategy = tfdist_ext.Strategy(sync=policy)
     train, validation = data(num_workers)
     with strategy.scope():
-        model = build(learning_rate)
-    if restore:
-        model.load_weights(restore)
+        model = keras.models.load_model(restore) if restore else build(0.05)
+    if restore:  # only the restored momentum moves the weights now
+        model.optimizer.learning_rate.assign(0.0)
+    restored = {"weights": [w.tolist() for w in model.get_weights()], "slots": slots(model)}
     callbacks = [Sleep(0.06)] if index == num_workers - 1 else [Sleep(0.0)]
     if checkpoint and index == 0:
-        callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint, save_weights_only=True))
+        callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
     history = model.fit(train, epochs=epochs, steps_per_epoch=steps, verbose=0,
                         validation_data=validation if checkpoint else None,
                         callbacks=callbacks)
@@ -85,7 +91,8 @@ def session(policy, index, num_workers, out, learning_rate=0.05, steps=STEPS, ep
             "loss": [float(v) for v in history.history["loss"]],
             "val_loss": [float(v) for v in history.history.get("val_loss", [])],
             "evaluate": float(model.evaluate(validation, verbose=0)),
-            "weights": [w.tolist() for w in model.get_weights()]}
+            "weights": [w.tolist() for w in model.get_weights()], "slots": slots(model),
+            "restored": restored if restore else None}
 
 
 def main():
@@ -106,12 +113,12 @@ def main():
 
         model.fit(train, epochs=1, steps_per_epoch=10_000, verbose=0, callbacks=[Kill()])
         return
-    checkpoint = str(out / "session1.weights.h5")
+    checkpoint = str(out / "session1.keras")
     results = [session("async", index, num_workers, out, checkpoint=checkpoint),
                session({"name": "async", "staleness_bound": num_workers - 1}, index,
                        num_workers, out),
-               session("async", index, num_workers, out, learning_rate=0.0, steps=1,
-                       epochs=1, restore=checkpoint)]
+               session("async", index, num_workers, out, steps=1, epochs=1,
+                       restore=checkpoint)]
     (out / f"w{index}.json").write_text(json.dumps(results))
 
 

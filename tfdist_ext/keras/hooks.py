@@ -191,6 +191,9 @@ class SyncCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.runner.on_train_begin(self.model)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.runner.on_epoch_begin(self.model)
+
     def on_train_batch_end(self, batch, logs=None):
         self._dirty = True
 

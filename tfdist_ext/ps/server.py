@@ -71,6 +71,20 @@ class _Session:
     def _flat(self):
         return tf.concat([tf.reshape(v.value, [-1]) for v in self.variables], 0)
 
+    def state(self):
+        """The optimizer's variables (iterations, slots...) as one float64 vector."""
+        return tf.concat([tf.reshape(tf.cast(v.value, tf.float64), [-1])
+                          for v in self.optimizer.variables], 0)
+
+    def load_state(self, flat):
+        """Sets the optimizer's variables from a `state()` vector."""
+        sizes = [int(np.prod(v.shape)) for v in self.optimizer.variables]
+        if sum(sizes) != flat.shape[0]:
+            raise ValueError(f"optimizer state of {flat.shape[0]} values for "
+                             f"{sum(sizes)} optimizer variable elements")
+        for v, part in zip(self.optimizer.variables, np.split(flat, np.cumsum(sizes)[:-1])):
+            v.assign(np.reshape(part, v.shape).astype(v.dtype))
+
     def _apply(self, gradient, backup):
         if self.dc_lambda:
             gradient += self.dc_lambda * gradient * gradient * (self._flat() - backup)
@@ -156,6 +170,11 @@ class ParameterServer:
             waiting, self.waiting = self.waiting, []
             for other_kind, other in waiting:
                 self._handle(other_kind, other, self.session.number, None)
+        elif kind == wire.INIT_STATE:
+            self.session.load_state(tf.bitcast(tf.reshape(data, [-1, 8]), tf.float64).numpy())
+        elif kind == wire.STATE:
+            self.mailbox.send(peer, wire.tag(wire.STATE_VALUES, self.index),
+                              self.session.state())
         elif kind in (wire.PULL, wire.REST):
             if self.session is None or self.session.number != value:
                 self.waiting.append((kind, peer))

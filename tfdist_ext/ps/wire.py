@@ -10,6 +10,8 @@ kind         payload                     the server answers
 HELLO        - (value: worker rank)      -
 INIT         JSON layout (uint8)         - (first one wins; later ones ignored)
 INIT_VALUES  float32 parameters          -
+INIT_STATE   float64 optimizer variables -  (a restored optimizer's, server order)
+STATE        -                           STATE_VALUES: float64 optimizer variables
 PULL         - (value: session)          PARAMS when initialized
 REST         - (value: session)          PARAMS; the worker pauses (evaluation)
 PUSH         float32 gradient            PARAMS when admitted (`admission`);
@@ -28,8 +30,8 @@ import tensorflow as tf
 
 from tfdist_ext.ops import ucx as ucx_ops
 
-HELLO, INIT, INIT_VALUES, PULL, PUSH, BARRIER, REST = 1, 2, 3, 4, 5, 6, 7
-PARAMS = 10
+HELLO, INIT, INIT_VALUES, PULL, PUSH, BARRIER, REST, INIT_STATE, STATE = 1, 2, 3, 4, 5, 6, 7, 8, 9
+PARAMS, STATE_VALUES = 10, 11
 DROPPED = 1 << 39  # in a PUSH reply's value: the gradient was refused (too stale)
 VALUE_BITS = 40
 KIND_SOURCE_MASK = -(1 << VALUE_BITS)  # as int64: the top 24 bits

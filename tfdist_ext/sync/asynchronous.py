@@ -137,6 +137,8 @@ class _AsyncRunner(PolicyRunner):
         self.session = next(_sessions)
         self.clients = None
         self.shards = None
+        self.slots = None
+        self._started = False
         with _compat.init_scope(), tf.device(self.cross_ops._devices[0]):  # pylint: disable=protected-access
             self.histogram = _compat.ResourceVariable(
                 tf.zeros([self.num_local, wire.HISTOGRAM_BINS + 1], tf.int64), trainable=False,
@@ -146,6 +148,15 @@ class _AsyncRunner(PolicyRunner):
 
     def on_train_begin(self, model):
         self.strategy.keep_logs_local(True)
+        self._started = False
+
+    def on_epoch_begin(self, model):
+        """Starts the session at the first epoch: after the callbacks' `on_train_begin`,
+        so that weights and optimizer state restored there (BackupAndRestore) seed the servers.
+        """
+        if self._started:
+            return
+        self._started = True
         if self.clients is not None:
             self._pull(model, wire.PULL)
             return
@@ -158,6 +169,7 @@ class _AsyncRunner(PolicyRunner):
                     "keeps them so).")
         sizes = [v.shape.num_elements() for v in variables]
         self.shards = sharding.shard(sizes, len(self.servers))
+        self.slots = _optimizer_layout(model, self.shards)
         devices = self.cross_ops._devices  # pylint: disable=protected-access
         with _compat.init_scope():
             self.clients = [_Client(self.servers, self.first_rank + i, self.session,
@@ -173,6 +185,8 @@ class _AsyncRunner(PolicyRunner):
         import keras  # pylint: disable=import-outside-toplevel
 
         optimizer = keras.optimizers.serialize(model.optimizer)
+        # A restored (or reused) optimizer's state goes to the servers too.
+        restored = int(model.optimizer.iterations.numpy()) > 0
         chief = self.clients[0]
         for server, members in enumerate(self.shards):
             layout = {"session": self.session, "workers": self.world_size,
@@ -180,10 +194,30 @@ class _AsyncRunner(PolicyRunner):
                       "optimizer": optimizer,
                       "staleness_bound": self.policy.staleness_bound,
                       "delay_compensation": self.policy.delay_compensation}
-            ident = chief.ids[server]
-            chief.mailbox.send_json(chief.peers[server], wire.tag(wire.INIT, ident), layout)
+            peer, ident = chief.peers[server], chief.ids[server]
+            chief.mailbox.send_json(peer, wire.tag(wire.INIT, ident), layout)
             values = self._flat([variables[j].read_value() for j in members])
-            chief.mailbox.send(chief.peers[server], wire.tag(wire.INIT_VALUES, ident), values)
+            chief.mailbox.send(peer, wire.tag(wire.INIT_VALUES, ident), values)
+            if restored:
+                state = tf.concat([tf.reshape(tf.cast(v.value, tf.float64), [-1])
+                                   for v, _ in self.slots[server]], 0)
+                chief.mailbox.send(peer, wire.tag(wire.INIT_STATE, ident), state)
+
+    def _pull_state(self):
+        """Copies the servers' optimizer variables into this worker's optimizer (checkpoints)."""
+        client = self.clients[0]
+        for peer, message_tag in zip(client.peers, client.tags(wire.STATE, self.session)):
+            client.mailbox.send(peer, message_tag)
+        for _ in self.servers:
+            _, source, _, data = client.mailbox.recv(wire.STATE_VALUES, watch=-1,
+                                                     dtype=tf.float64)
+            offset = 0
+            for variable, owner in self.slots[source]:
+                size = int(np.prod(variable.shape))
+                if owner:
+                    part = tf.reshape(data[offset:offset + size], variable.shape)
+                    variable.assign(tf.cast(part, variable.dtype))
+                offset += size
 
     def _pull(self, model, kind):
         """Every local replica sends `kind` (PULL or BARRIER), then takes the parameters."""
@@ -203,8 +237,9 @@ class _AsyncRunner(PolicyRunner):
         del empty
 
     def drain(self, model):
-        """Takes the servers' current parameters (no barrier) and logs the staleness."""
+        """Takes the servers' current parameters and optimizer state (no barrier); logs staleness."""
         self._pull(model, wire.PULL)
+        self._pull_state()
         stats = self.stats()
         if stats.get("async_steps"):
             log.info("tfdist_ext: async staleness on this worker: mean %.2f, max %d, "
@@ -223,6 +258,7 @@ class _AsyncRunner(PolicyRunner):
         """All workers meet; every replica ends with the servers' final parameters."""
         self.strategy.keep_logs_local(False)
         self._pull(model, wire.BARRIER)
+        self._pull_state()
 
     # -- replica context ----------------------------------------------------
 
@@ -284,3 +320,37 @@ class _AsyncRunner(PolicyRunner):
                 "staleness_mean": float((counts * np.arange(len(counts))).sum()) / steps,
                 "staleness_max": last,
                 "staleness_histogram": counts[:last + 1].tolist()}
+
+
+def _optimizer_layout(model, shards):
+    """Per server: (this worker's optimizer variable, owner) in the server's optimizer order.
+
+    A server builds the model's optimizer (from its Keras config) over its
+    variables; an optimizer built the same way over the same model variables
+    here lists its variables in that order, with the paths of the worker's own
+    optimizer variables. Variables every server has (iterations, learning
+    rate) are owned by the first server that lists them.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    optimizer = model.optimizer
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    by_path = {v.path: v for v in optimizer.variables}
+    config = keras.optimizers.serialize(optimizer)
+    layout, owned = [], set()
+    with _compat.init_scope():
+        for members in shards:
+            twin = keras.optimizers.deserialize(config)
+            twin.build([model.trainable_variables[j] for j in members])
+            entries = []
+            for v in twin.variables:
+                if v.path not in by_path:
+                    raise ValueError(
+                        f"sync='async' cannot map the optimizer variable {v.path} of "
+                        f"{type(optimizer).__name__} to the model's optimizer; its state "
+                        "could not be checkpointed. Use a Keras built-in optimizer.")
+                entries.append((by_path[v.path], v.path not in owned))
+                owned.add(v.path)
+            layout.append(entries)
+    return layout

@@ -100,6 +100,9 @@ class PolicyRunner:
         self._steps_at_drain = steps
         self._check_step_counts(counts, since)
 
+    def on_epoch_begin(self, model):
+        """Hook: runs at every epoch's start, after every callback's `on_train_begin` (eager)."""
+
     def on_train_end(self, model):
         """Hook: runs after the final drain of `fit` (eager)."""
 
