@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def relaunch(script, workers, worker_args, timeout, link="none", check=False, hosts=None,
-             latency=None):
+             latency=None, servers=0):
     """Launches `python script *worker_args` on `workers` workers; raises on failure.
 
     Args:
@@ -26,6 +26,8 @@ def relaunch(script, workers, worker_args, timeout, link="none", check=False, ho
         hosts: "HxW" to spread the workers over H emulated hosts (`-H HxW`; the
             links between hosts are the shaped ones), or None.
         latency: A `--link-latency` delay (e.g. "100ms"), or None.
+        servers: Parameter servers for sync="async" (`--ps`); they run the
+            script too.
     """
     where = ["-H", hosts] if hosts else ["-np", str(workers)]
     command = [sys.executable, "-m", "tfdist_ext.launch", *where, "--timeout", str(timeout)]
@@ -35,6 +37,8 @@ def relaunch(script, workers, worker_args, timeout, link="none", check=False, ho
         command += ["--link-latency", latency]
     if check and (link != "none" or latency):
         command += ["--check"]
+    if servers:
+        command += ["--ps", str(servers)]
     command += ["--", sys.executable, str(pathlib.Path(script).resolve()), *map(str, worker_args)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TF_CONFIG", None)

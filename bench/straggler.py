@@ -1,4 +1,4 @@
-"""Throughput of sync policies with stragglers: synchronous SGD vs stale-synchronous.
+"""Throughput of sync policies with stragglers: synchronous SGD vs stale-synchronous and async.
 
     python bench/straggler.py --workers 3 --configs sync,ssp --repeats 3 \
         --json docs/results/straggler_w3.json --png docs/results/straggler_w3.png
@@ -21,8 +21,18 @@ last worker's first timed step to the last worker's end of the timed `fit`
 gives, per mode, each config's min/median throughput and its ratio to sync
 (median over repeats).
 
+Each worker's own throughput (its steps over the time from its first to its
+last step, which leaves out the wait for others at the end of `fit`) gives
+the "fast workers" columns: the mean over the workers that never sleep, and
+its ratio to sync. Asynchronous configs run in a second launch with one
+parameter server (`tfdist-run --ps 1`), right after the first, with the
+first launch's sleep.
+
 Configs: sync, ssp (StaleSynchronous(staleness)), local_sgd (LocalSGD(4)),
-dga (DelayedAveraging(2)), or a JSON dict for `Strategy(sync=...)`.
+dga (DelayedAveraging(2)), model_averaging (2 learners), gossip, diloco
+(DiLoCo(8)), async (Asynchronous()), async_bound
+(Asynchronous(staleness_bound=workers - 1)), or a JSON dict for
+`Strategy(sync=...)`.
 """
 
 import argparse
@@ -42,12 +52,22 @@ MODES = ("none", "transient", "permanent")
 PER_WORKER_BATCH = 64
 
 
-def sync_config(name, staleness):
+def sync_config(name, staleness, workers=2):
     presets = {"sync": "sync",
                "ssp": {"name": "stale_synchronous", "staleness": staleness},
                "local_sgd": {"name": "local_sgd", "period": 4},
-               "dga": {"name": "delayed_averaging", "delay": 2}}
+               "dga": {"name": "delayed_averaging", "delay": 2},
+               "model_averaging": {"name": "model_averaging", "learners_per_device": 2},
+               "gossip": "gossip",
+               "diloco": {"name": "diloco", "period": 8},
+               "async": "async",
+               "async_bound": {"name": "async", "staleness_bound": workers - 1}}
     return presets[name] if name in presets else json.loads(name)
+
+
+def needs_servers(name):
+    config = sync_config(name, 0)
+    return (config if isinstance(config, str) else config["name"]) == "async"
 
 
 def parse_args(argv=None):
@@ -109,7 +129,7 @@ def _worker(args):
             self.step += 1
 
     def run(name, mode, seconds):
-        strategy = tfdist_ext.Strategy(sync=sync_config(name, args.staleness))
+        strategy = tfdist_ext.Strategy(sync=sync_config(name, args.staleness, workers))
         keras.utils.set_random_seed(0)
         with strategy.scope():
             model = keras.Sequential([
@@ -124,8 +144,9 @@ def _worker(args):
                   callbacks=[straggler])
         end = time.time()
         steps = np.diff(straggler.times)
-        return {"config": name, "mode": mode, "start": start, "end": end,
+        return {"config": name, "mode": mode, "start": start, "end": end, "steps": args.steps,
                 "first_step": straggler.times[0], "train_end": straggler.train_end,
+                "last_end": straggler.last_end,
                 "first_step_s": straggler.times[0] - start,
                 "after_last_step_s": end - straggler.times[-1],
                 "last_step_s": straggler.last_end - straggler.times[-1],
@@ -135,8 +156,8 @@ def _worker(args):
 
     records = []
     sleep = None if args.sleep == "auto" else float(args.sleep)
-    if sleep is None:  # pilot: synchronous step time without stragglers
-        pilot = run("sync", "none", 0.0)
+    if sleep is None:  # pilot: step time without stragglers (synchronous where it can)
+        pilot = run(args.configs.split(",")[0], "none", 0.0)
         sleep = pilot["step_s_median"]
     for repeat in range(args.repeats):
         for mode in args.modes.split(","):
@@ -151,10 +172,11 @@ def _worker(args):
 # -- controller side --------------------------------------------------------------
 
 
-def _launch(args, out_dir):
-    forwarded = forward(args, ("configs", "staleness", "modes", "steps", "sleep", "repeats",
-                               "hidden"))
-    relaunch(__file__, args.workers, forwarded + ["--worker-out", out_dir], args.timeout)
+def _launch(args, out_dir, configs, servers=0):
+    forwarded = forward(args, ("staleness", "modes", "steps", "sleep", "repeats", "hidden"))
+    relaunch(__file__, args.workers, forwarded + ["--configs", ",".join(configs),
+                                                  "--worker-out", out_dir],
+             args.timeout, servers=servers)
     return [json.loads((pathlib.Path(out_dir) / f"w{i}.json").read_text())
             for i in range(args.workers)]
 
@@ -169,6 +191,10 @@ def combine(per_worker, workers):
         # creation), which does not depend on the policy.
         job = max(r["train_end"] for r in runs) - max(r["first_step"] for r in runs)
         steps = first["stats"].get("sync_rounds") or first["stats"].get("reductions")
+        sleeping = {"none": set(), "transient": set(range(workers)),
+                    "permanent": {0}}[first["mode"]]
+        own = [r["steps"] / (r["last_end"] - r["first_step"]) for r in runs]
+        fast = [v for i, v in enumerate(own) if i not in sleeping] or own
         records.append({
             "config": first["config"], "mode": first["mode"], "repeat": first["repeat"],
             "workers": workers, "sleep_s": first["sleep_s"], "job_seconds": job,
@@ -180,6 +206,8 @@ def combine(per_worker, workers):
             "return_s": [r["return_s"] for r in runs],
             "start_skew_s": max(r["start"] for r in runs) - min(r["start"] for r in runs),
             "staleness_max": max(r["stats"].get("staleness_max", 0) for r in runs),
+            "own_steps_per_s": own,
+            "fast_samples_per_s": sum(fast) / len(fast) * PER_WORKER_BATCH,
             "rounds": steps})
     return records
 
@@ -197,7 +225,12 @@ def summarize(records, steps):
         for config in dict.fromkeys(r["config"] for r in records):
             values = [r["samples_per_s"] for r in records
                       if r["mode"] == mode and r["config"] == config]
+            fast = [r["fast_samples_per_s"] for r in records
+                    if r["mode"] == mode and r["config"] == config]
+            base_fast = [r["fast_samples_per_s"] for r in records if r["mode"] == mode
+                         and r["config"] == "sync"]
             row = {"mode": mode, "config": config,
+                   "fast_samples_per_s_median": float(np.median(fast)),
                    "samples_per_s_min": float(np.min(values)),
                    "samples_per_s_median": float(np.median(values)),
                    "staleness_max": max(r["staleness_max"] for r in records
@@ -208,6 +241,10 @@ def summarize(records, steps):
                 # Per-repeat ratios (same repeat: same machine state, side by side).
                 pairs = [a / b for a, b in zip(values, base)]
                 row["ratio_vs_sync_min"] = float(np.min(pairs))
+                row["fast_ratio_vs_sync_median"] = row["fast_samples_per_s_median"] / float(
+                    np.median(base_fast))
+                row["fast_ratio_vs_sync_min"] = float(np.min(
+                    [a / b for a, b in zip(fast, base_fast)]))
             summary.append(row)
     return summary
 
@@ -220,15 +257,18 @@ def plot(summary, path, workers, sleep):
     modes = list(dict.fromkeys(r["mode"] for r in summary))
     configs = list(dict.fromkeys(r["config"] for r in summary))
     width = 0.8 / len(configs)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for k, config in enumerate(configs):
-        values = [next(r["samples_per_s_median"] for r in summary
-                       if r["mode"] == m and r["config"] == config) for m in modes]
-        ax.bar([i + k * width for i in range(len(modes))], values, width, label=config)
-    ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(modes))], modes)
-    ax.set_ylabel("samples / s (median)")
-    ax.set_title(f"{workers} workers, straggler sleep {sleep * 1000:.0f} ms")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "samples_per_s_median", "job samples / s (median)"),
+                           (axes[1], "fast_samples_per_s_median",
+                            "samples / s of each worker that never sleeps (median)")):
+        for k, config in enumerate(configs):
+            values = [next((r[key] for r in summary if r["mode"] == m and r["config"] == config),
+                           0.0) for m in modes]
+            ax.bar([i + k * width for i in range(len(modes))], values, width, label=config)
+        ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(modes))], modes)
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(f"{workers} workers, straggler sleep {sleep * 1000:.0f} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -237,17 +277,28 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker_out:
         return _worker(args)
-    with tempfile.TemporaryDirectory() as out_dir:
-        per_worker = _launch(args, out_dir)
-    records = combine(per_worker, args.workers)
+    configs = args.configs.split(",")
+    plain = [c for c in configs if not needs_servers(c)]
+    served = [c for c in configs if needs_servers(c)]
+    records = []
+    for group, servers in ((plain, 0), (served, 1)):
+        if not group:
+            continue
+        with tempfile.TemporaryDirectory() as out_dir:
+            per_worker = _launch(args, out_dir, group, servers)
+        records += combine(per_worker, args.workers)
+        args.sleep = str(records[0]["sleep_s"])  # the async launch uses the same sleep
     summary = summarize(records, args.steps)
     print(f"{'mode':<10} {'config':<12} {'samples/s min':>14} {'median':>10} "
-          f"{'x sync (median)':>16} {'x sync (min)':>13} {'max lead':>9}")
+          f"{'x sync (median)':>16} {'x sync (min)':>13} {'fast workers':>13} "
+          f"{'x sync':>7} {'max lead':>9}")
     for row in summary:
         print(f"{row['mode']:<10} {row['config']:<12} {row['samples_per_s_min']:>14.0f} "
               f"{row['samples_per_s_median']:>10.0f} "
               f"{row.get('ratio_vs_sync_median', float('nan')):>16.2f} "
               f"{row.get('ratio_vs_sync_min', float('nan')):>13.2f} "
+              f"{row['fast_samples_per_s_median']:>13.0f} "
+              f"{row.get('fast_ratio_vs_sync_median', float('nan')):>7.2f} "
               f"{row['staleness_max']:>9}")
     print(f"straggler sleep: {records[0]['sleep_s'] * 1000:.1f} ms")
     if args.json:

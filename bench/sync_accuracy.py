@@ -1,0 +1,93 @@
+"""Accuracy and bytes of sync policies on mnist1d, over several seeds, against synchronous SGD.
+
+    python bench/sync_accuracy.py --workers 2 --seeds 0,1,2 --configs sync,async \
+        --json docs/results/sync_accuracy_w2.json
+
+Runs `examples/keras_fit.py` (mnist1d CNN, 20 epochs, global batch 128, SGD
+with momentum 0.9 at 0.03 unless a config says otherwise) once per
+configuration and seed on `--workers` worker processes (`async` configs with
+one parameter server, `tfdist-run --ps 1`), and records worker 0's test
+accuracy, its bytes sent and the fit time. Prints mean / min / max accuracy,
+the points against `sync` and MB per worker.
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "keras_fit.py"
+SGD = ["--optimizer", "sgd", "--lr", "0.003"]  # the example's SGD rate is 10 x --lr
+CONFIGS = {
+    "sync": SGD + ["--sync", "sync"],
+    "async": SGD + ["--sync", "async"],
+    "async_half_lr": ["--optimizer", "sgd", "--lr", "0.0015", "--sync", "async"],
+    "async_dc": SGD + ["--sync", '{"name": "async", "delay_compensation": 0.1}'],
+    "gossip": SGD + ["--sync", "gossip"],
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--configs", default="sync,async")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def run(config, seed, args, out_dir):
+    path = pathlib.Path(out_dir) / f"{config}_{seed}_{{worker}}.json"
+    servers = ["--ps", "1"] if "async" in " ".join(CONFIGS[config]) else []
+    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers), *servers,
+               "--timeout", str(args.timeout), sys.executable, str(EXAMPLE),
+               *CONFIGS[config], "--epochs", str(args.epochs), "--seed", str(seed),
+               "--verbose", "0", "--json", str(path)]
+    subprocess.run(command, cwd=ROOT, check=True)
+    result = json.loads(pathlib.Path(str(path).format(worker=0)).read_text())
+    return {"config": config, "seed": seed, "accuracy": result["test_accuracy"],
+            "mb_sent": result["communication"]["bytes_sent"] / 1e6,
+            "fit_seconds": result["fit_seconds"],
+            "staleness": {k: v for k, v in result["communication"].items()
+                          if k.startswith("staleness") or k.startswith("async")}}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    records = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        for seed in map(int, args.seeds.split(",")):
+            for config in args.configs.split(","):
+                records.append(run(config, seed, args, out_dir))
+                print(json.dumps(records[-1]), flush=True)
+    summary = []
+    base = np.mean([r["accuracy"] for r in records if r["config"] == "sync"] or [np.nan])
+    for config in args.configs.split(","):
+        rows = [r for r in records if r["config"] == config]
+        accuracy = [r["accuracy"] for r in rows]
+        summary.append({"config": config, "accuracy_mean": float(np.mean(accuracy)),
+                        "accuracy_runs": accuracy,
+                        "points_vs_sync": float(100 * (np.mean(accuracy) - base)),
+                        "mb_sent_per_worker": float(np.mean([r["mb_sent"] for r in rows])),
+                        "fit_seconds_median": float(np.median([r["fit_seconds"]
+                                                               for r in rows]))})
+        row = summary[-1]
+        print(f"{config:<14} accuracy {row['accuracy_mean']:.3f} "
+              f"({', '.join(f'{a:.3f}' for a in accuracy)}) {row['points_vs_sync']:+.1f} "
+              f"points, {row['mb_sent_per_worker']:.1f} MB/worker, "
+              f"fit {row['fit_seconds_median']:.0f} s")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"args": vars(args), "summary": summary, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
