@@ -29,6 +29,8 @@ def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
         for r in runs:
             assert r["stats"]["async_steps"] == STEPS
             assert sum(r["stats"]["staleness_histogram"]) == STEPS
+            # Each step sends the gradient once (161 float32 parameters).
+            assert r["stats"]["bytes_sent"] == STEPS * 161 * 4
             assert r["loss"][-1] < r["loss"][0], r["loss"]
     # The slow worker's gradients arrive late without a bound...
     assert unbounded[2]["stats"]["staleness_max"] > 2, unbounded[2]["stats"]

@@ -143,7 +143,10 @@ def _wrap_fit(original):
                     args[5] = list(args[5] or []) + [stop]
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
-            return original(self, *args, **kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 
     return fit
 

@@ -290,7 +290,8 @@ class _AsyncRunner(PolicyRunner):
         size = 4 * sum(v.shape.num_elements() for v in variables)
         dense = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
                     for v in variables)
-        updates.append(self.cross_ops.state.count(2 * size, dense))  # push + pull
+        # What the worker sends (its gradient); it receives as much (the parameters).
+        updates.append(self.cross_ops.state.count(size, dense))
         return tf.group(updates)
 
     # -- helpers --------------------------------------------------------------
