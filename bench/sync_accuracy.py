@@ -3,8 +3,8 @@
     python bench/sync_accuracy.py --workers 2 --seeds 0,1,2 --configs sync,async \
         --json docs/results/sync_accuracy_w2.json
 
-Runs `examples/keras_fit.py` (mnist1d CNN, 20 epochs, global batch 128, SGD
-with momentum 0.9 at 0.03 unless a config says otherwise) once per
+Runs `examples/keras_fit.py` (mnist1d CNN, 20 epochs, global batch 128,
+`--optimizer sgd`: momentum 0.9 at 0.03, or `adam`: 3e-3) once per
 configuration and seed on `--workers` worker processes (`async` configs with
 one parameter server, `tfdist-run --ps 1`), and records worker 0's test
 accuracy, its bytes sent and the fit time. Prints mean / min / max accuracy,
@@ -22,13 +22,19 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "keras_fit.py"
-SGD = ["--optimizer", "sgd", "--lr", "0.003"]  # the example's SGD rate is 10 x --lr
-CONFIGS = {
-    "sync": SGD + ["--sync", "sync"],
-    "async": SGD + ["--sync", "async"],
-    "async_half_lr": ["--optimizer", "sgd", "--lr", "0.0015", "--sync", "async"],
-    "async_dc": SGD + ["--sync", '{"name": "async", "delay_compensation": 0.1}'],
-    "gossip": SGD + ["--sync", "gossip"],
+# The example's SGD learning rate is 10 x --lr (momentum 0.9); Adam's is --lr.
+RECIPES = {"sgd": ["--optimizer", "sgd", "--lr", "0.003"],
+           "adam": ["--optimizer", "adam", "--lr", "0.003"]}
+POLICIES = {
+    "sync": "sync",
+    "async": "async",
+    "async_dc": {"name": "async", "delay_compensation": 0.1},
+    "local_sgd": {"name": "local_sgd", "period": 4},
+    "ssp": {"name": "stale_synchronous", "staleness": 2},
+    "dga": {"name": "delayed_averaging", "delay": 2},
+    "model_averaging": {"name": "model_averaging", "learners_per_device": 2},
+    "gossip": "gossip",
+    "diloco": {"name": "diloco", "period": 8},
 }
 
 
@@ -37,6 +43,8 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--configs", default="sync,async")
+    parser.add_argument("--optimizer", default="sgd", choices=sorted(RECIPES))
+    parser.add_argument("--momentum", default=None, help="SGD momentum (example: 0.9)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--json", default=None)
@@ -45,11 +53,14 @@ def parse_args(argv=None):
 
 def run(config, seed, args, out_dir):
     path = pathlib.Path(out_dir) / f"{config}_{seed}_{{worker}}.json"
-    servers = ["--ps", "1"] if "async" in " ".join(CONFIGS[config]) else []
+    policy = POLICIES[config]
+    servers = ["--ps", "1"] if "async" in json.dumps(policy) else []
+    recipe = RECIPES[args.optimizer] + (["--momentum", args.momentum] if args.momentum else [])
     command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers), *servers,
-               "--timeout", str(args.timeout), sys.executable, str(EXAMPLE),
-               *CONFIGS[config], "--epochs", str(args.epochs), "--seed", str(seed),
-               "--verbose", "0", "--json", str(path)]
+               "--timeout", str(args.timeout), sys.executable, str(EXAMPLE), *recipe,
+               "--sync", policy if isinstance(policy, str) else json.dumps(policy),
+               "--epochs", str(args.epochs), "--seed", str(seed), "--verbose", "0",
+               "--json", str(path)]
     subprocess.run(command, cwd=ROOT, check=True)
     result = json.loads(pathlib.Path(str(path).format(worker=0)).read_text())
     return {"config": config, "seed": seed, "accuracy": result["test_accuracy"],
