@@ -260,14 +260,15 @@ def plot(summary, path, workers, sleep):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "samples_per_s_median", "job samples / s (median)"),
                            (axes[1], "fast_samples_per_s_median",
-                            "samples / s of each worker that never sleeps (median)")):
+                            "samples / s per fast worker (median)")):
         for k, config in enumerate(configs):
             values = [next((r[key] for r in summary if r["mode"] == m and r["config"] == config),
                            0.0) for m in modes]
             ax.bar([i + k * width for i in range(len(modes))], values, width, label=config)
         ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(modes))], modes)
         ax.set_ylabel(label)
-        ax.legend()
+        ax.legend(fontsize=7, ncol=2, loc="upper right")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend
     fig.suptitle(f"{workers} workers, straggler sleep {sleep * 1000:.0f} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
