@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <sstream>
 
 #include "tsl/profiler/lib/traceme.h"
+#include "ucx/handles.h"
 #include "ucx/local_group.h"
 #include "ucx/reduce.h"
 #include "ucx/written.h"
@@ -69,10 +69,7 @@ namespace {
 
 bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start < a.stop; }
 
-std::mutex registry_mu;
-// Never destroyed: communicators may outlive static destruction at exit.
-auto* registry = new std::map<int64_t, std::shared_ptr<Comm>>();
-int64_t next_handle = 1;
+auto* communicators = new HandleTable<Comm>();  // never destroyed (handles.h)
 
 }  // namespace
 
@@ -445,28 +442,8 @@ void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*
   ucp_request_free(request);
 }
 
-int64_t Register(std::shared_ptr<Comm> comm) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  int64_t handle = next_handle++;
-  (*registry)[handle] = std::move(comm);
-  return handle;
-}
-
-std::shared_ptr<Comm> Lookup(int64_t handle) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = registry->find(handle);
-  return it == registry->end() ? nullptr : it->second;
-}
-
-void Unregister(int64_t handle) {
-  std::shared_ptr<Comm> comm;
-  {
-    std::lock_guard<std::mutex> lock(registry_mu);
-    auto it = registry->find(handle);
-    if (it == registry->end()) return;
-    comm = std::move(it->second);
-    registry->erase(it);
-  }
-}
+int64_t Register(std::shared_ptr<Comm> comm) { return communicators->Add(std::move(comm)); }
+std::shared_ptr<Comm> Lookup(int64_t handle) { return communicators->Find(handle); }
+void Unregister(int64_t handle) { communicators->Remove(handle); }
 
 }  // namespace tfdist_ucx

@@ -8,9 +8,9 @@
 
 #include <chrono>
 #include <cstring>
-#include <map>
 
 #include "ucx/comm.h"
+#include "ucx/handles.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -19,9 +19,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kKindSourceMask = ~((uint64_t{1} << 40) - 1);
 constexpr uint64_t kValueMask = (uint64_t{1} << 40) - 1;
 
-std::mutex registry_mu;
-auto* registry = new std::map<int64_t, std::shared_ptr<Mailbox>>();  // never destroyed
-int64_t next_handle = 1;
+auto* mailboxes = new HandleTable<Mailbox>();  // never destroyed (handles.h)
 
 uint64_t AssignTag(int64_t source, uint64_t id) {
   return (kAssignKind << 56) | ((static_cast<uint64_t>(source) & 0xFFFF) << 40) |
@@ -355,27 +353,9 @@ void Mailbox::Close(int peer) {
 }
 
 int64_t RegisterMailbox(std::shared_ptr<Mailbox> mailbox) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  int64_t handle = next_handle++;
-  (*registry)[handle] = std::move(mailbox);
-  return handle;
+  return mailboxes->Add(std::move(mailbox));
 }
-
-std::shared_ptr<Mailbox> LookupMailbox(int64_t handle) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = registry->find(handle);
-  return it == registry->end() ? nullptr : it->second;
-}
-
-void UnregisterMailbox(int64_t handle) {
-  std::shared_ptr<Mailbox> mailbox;
-  {
-    std::lock_guard<std::mutex> lock(registry_mu);
-    auto it = registry->find(handle);
-    if (it == registry->end()) return;
-    mailbox = std::move(it->second);
-    registry->erase(it);
-  }
-}
+std::shared_ptr<Mailbox> LookupMailbox(int64_t handle) { return mailboxes->Find(handle); }
+void UnregisterMailbox(int64_t handle) { mailboxes->Remove(handle); }
 
 }  // namespace tfdist_ucx

@@ -19,6 +19,7 @@
 // so an idle server costs no core. Endpoints use peer error handling: when a
 // peer's process ends, calls that wait for it fail at once, naming it; with
 // `timeout_seconds` > 0 a call that sees nothing for that long fails too.
+// Destroying a mailbox first finishes the calls already submitted.
 #ifndef TFDIST_CUSTOM_OPS_UCX_MAILBOX_H_
 #define TFDIST_CUSTOM_OPS_UCX_MAILBOX_H_
 
