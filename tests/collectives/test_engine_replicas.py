@@ -17,6 +17,8 @@ from tfdist_ext import collectives
 import engine_cases as cases
 
 REPLICAS = (1, 2, 3, 4, 5, 8)
+# 8 graph-engine replicas cost minutes of CI; 5 already covers odd, non-power-of-two groups.
+TF_REPLICAS = (1, 2, 3, 4, 5)
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +76,7 @@ UCX_SCHEDULES = [("ucx-schedules", name, n) for name in collectives.ALGORITHMS.n
 
 @pytest.mark.parametrize("engine,name,num_replicas", [
     (engine, name, n) for engine in cases.ENGINES for name in collectives.ALGORITHMS.names()
-    for n in REPLICAS] + UCX_SCHEDULES)
+    for n in (TF_REPLICAS if engine == "tf" else REPLICAS)] + UCX_SCHEDULES)
 def test_engine_matches_numpy_and_native(engine, name, num_replicas, monkeypatch):
     if engine == "ucx-schedules":
         monkeypatch.setenv("TFDIST_UCX_IN_PROCESS", "0")
