@@ -151,8 +151,12 @@ class _AsyncRunner(PolicyRunner):
         self._started = False
 
     def on_epoch_begin(self, model):
-        """Starts the session at the first epoch: after the callbacks' `on_train_begin`,
-        so that weights and optimizer state restored there (BackupAndRestore) seed the servers.
+        """Starts the session (or rejoins it) at the first epoch of `fit`.
+
+        This runs after every callback's `on_train_begin`, so that weights and
+        optimizer state restored there (BackupAndRestore) seed the servers. In
+        a later `fit` of the same strategy the servers' parameters stay the
+        model's.
         """
         if self._started:
             return
