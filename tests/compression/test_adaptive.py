@@ -191,8 +191,9 @@ def test_two_workers_decide_alike_and_redecide_for_a_straggler(tmp_path):
     assert first["decisions"] == second["decisions"]
     steps = [d["step"] for d in first["decisions"]]
     assert len(steps) >= 2 and steps[0] == 10, first["decisions"]
-    # The only re-decision is the straggler's (from batch 70; checks every 10).
-    assert len(steps) == 2 and 79 <= steps[1] <= 100, first["decisions"]
+    # The only re-decision is the straggler's: from batch 70, seen in the checks
+    # at 80 and 90, then probed for 8 steps.
+    assert len(steps) == 2 and 89 <= steps[1] <= 110, first["decisions"]
     assert "step time" in first["decisions"][1]["reason"], first["decisions"]
     assert first["loss"][-1] < first["loss"][0]
     assert first["stats"]["compression_decisions"] == len(steps)

@@ -44,8 +44,8 @@ class Adaptive(Compressor):
        every worker reduces alike, and logged.
     3. Watch: the median step time of every `check_every` steps is compared
        with the one right after the decision; a change by more than `drift`
-       (a slower or faster link, a straggler) starts a new probe, as does
-       every `reprobe_steps` steps when set.
+       (a slower or faster link, a straggler) in two checks in a row starts
+       a new probe, as does every `reprobe_steps` steps when set.
 
     All candidates share one error-feedback residual per bucket, so nothing
     dropped by one candidate is lost when another takes over (a dense
@@ -68,9 +68,11 @@ class Adaptive(Compressor):
         max_error: Largest median relative error a candidate may have on a
             bucket, a number > 0. Defaults to 0.95.
         probe_steps: Measured steps per candidate and probe, >= 1. Defaults to 5.
-        check_every: Steps between drift checks, >= 1. Defaults to 50.
+        check_every: Steps between drift checks, >= 1. Defaults to 50. A
+            lasting change is acted on 2 * check_every steps after it began.
         drift: Relative change of the median step time that starts a new
-            probe (if also above `MIN_DRIFT_SECONDS`), > 0. Defaults to 0.3.
+            probe (if also above `MIN_DRIFT_SECONDS` in two checks in a
+            row), > 0. Defaults to 0.3.
         reprobe_steps: Probe again after this many steps (0: only on drift).
         tolerance: Relative slack in favour of less compression, >= 0.
             Defaults to 0.05.

@@ -150,11 +150,15 @@ class AdaptiveCompression(keras.callbacks.Callback):
         window, self._window = self._window, []
         if self.phase == "settle":
             self._baseline = statistics.median(window)
+            self._suspect = False
             self.phase = "watch"
             return
         verdict = [0.0, 0.0]
-        if self._chief and adaptive.drifted(window, self._baseline, self.compressor.drift):
-            verdict = [statistics.median(window), self._baseline]
+        if self._chief:
+            drift = adaptive.drifted(window, self._baseline, self.compressor.drift)
+            if drift and self._suspect:  # a burst of noise rarely lasts two windows
+                verdict = [statistics.median(window), self._baseline]
+            self._suspect = drift
         reprobe = self.compressor.reprobe_steps
         due = reprobe and self._since_probe >= reprobe
         now, then = self.strategy.broadcast_from_chief(verdict)
