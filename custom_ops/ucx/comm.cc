@@ -65,6 +65,33 @@ ucp_context_h SharedContext(std::string* error) {
   return context;
 }
 
+std::string CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd) {
+  *worker = nullptr;
+  *event_fd = -1;
+  std::string error;
+  ucp_context_h context = SharedContext(&error);
+  if (context == nullptr) return error;
+  ucp_worker_params_t params = {};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = thread_mode;
+  ucs_status_t status = ucp_worker_create(context, &params, worker);
+  if (status != UCS_OK) {
+    *worker = nullptr;
+    return std::string("ucp_worker_create: ") + ucs_status_string(status);
+  }
+  if (ucp_worker_get_efd(*worker, event_fd) != UCS_OK) *event_fd = -1;
+  return "";
+}
+
+void WaitForEvent(ucp_worker_h worker, int event_fd, int timeout_ms) {
+  if (event_fd >= 0 && ucp_worker_arm(worker) == UCS_OK) {
+    struct pollfd fd = {event_fd, POLLIN, 0};
+    poll(&fd, 1, timeout_ms);
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 namespace {
 
 bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start < a.stop; }
@@ -115,21 +142,11 @@ struct Comm::Pending {
 
 Comm::Comm(int rank, int world_size, CommOptions options)
     : rank_(rank), world_size_(world_size), options_(options) {
-  ucp_context_h context = SharedContext(&init_error_);
-  if (context == nullptr) return;
-  ucp_worker_params_t params = {};
-  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  ucs_status_t status = ucp_worker_create(context, &params, &worker_);
-  if (status != UCS_OK) {
-    init_error_ = std::string("ucp_worker_create: ") + ucs_status_string(status);
-    worker_ = nullptr;
-    return;
-  }
-  if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
+  init_error_ = CreateWorker(UCS_THREAD_MODE_SERIALIZED, &worker_, &event_fd_);
+  if (!init_error_.empty()) return;
   ucp_address_t* address;
   size_t length;
-  status = ucp_worker_get_address(worker_, &address, &length);
+  ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
   if (status != UCS_OK) {
     init_error_ = std::string("ucp_worker_get_address: ") + ucs_status_string(status);
     return;
@@ -406,14 +423,7 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
       out << " (stopped, crashed or stuck)";
       return out.str();
     }
-    // Sleep until the worker has an event; where the transports raise none
-    // (arm keeps answering busy), sleep briefly instead of spinning.
-    if (event_fd_ >= 0 && ucp_worker_arm(worker_) == UCS_OK) {
-      struct pollfd fd = {event_fd_, POLLIN, 0};
-      poll(&fd, 1, 1);
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    WaitForEvent(worker_, event_fd_, 1);
   }
   return "";
 }

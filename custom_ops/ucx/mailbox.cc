@@ -3,7 +3,6 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -63,18 +62,8 @@ struct Mailbox::Peer {
 };
 
 Mailbox::Mailbox(MailboxOptions options) : options_(options) {
-  ucp_context_h context = SharedContext(&init_error_);
-  if (context == nullptr) return;
-  ucp_worker_params_t params = {};
-  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  ucs_status_t status = ucp_worker_create(context, &params, &worker_);
-  if (status != UCS_OK) {
-    init_error_ = std::string("ucp_worker_create: ") + ucs_status_string(status);
-    worker_ = nullptr;
-    return;
-  }
-  if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
+  init_error_ = CreateWorker(UCS_THREAD_MODE_SINGLE, &worker_, &event_fd_);
+  if (!init_error_.empty()) return;
   if (options_.listen_port >= 0) {
     sockaddr_in any = {};
     any.sin_family = AF_INET;
@@ -86,7 +75,7 @@ Mailbox::Mailbox(MailboxOptions options) : options_(options) {
     lp.sockaddr.addrlen = sizeof(any);
     lp.conn_handler.cb = &Mailbox::OnConnection;
     lp.conn_handler.arg = this;
-    status = ucp_listener_create(worker_, &lp, &listener_);
+    ucs_status_t status = ucp_listener_create(worker_, &lp, &listener_);
     if (status != UCS_OK) {
       init_error_ = "cannot listen on port " + std::to_string(options_.listen_port) + ": " +
                     ucs_status_string(status);
@@ -219,12 +208,7 @@ std::string Mailbox::WaitFor(const std::function<bool()>& done, int watch, const
     if (options_.timeout_seconds > 0 && now - start > timeout)
       return std::string("nothing happened for ") + std::to_string(options_.timeout_seconds) +
              " s while " + what;
-    if (event_fd_ >= 0 && ucp_worker_arm(worker_) == UCS_OK) {
-      struct pollfd fd = {event_fd_, POLLIN, 0};
-      poll(&fd, 1, 10);  // listener events may not wake the descriptor
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    WaitForEvent(worker_, event_fd_, 10);  // listener events may not wake the descriptor
   }
   return "";
 }

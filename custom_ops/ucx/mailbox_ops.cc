@@ -3,6 +3,7 @@
 // the ops were issued; the kernels are asynchronous, so a waiting call holds
 // no TF thread.
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,6 @@ using tensorflow::OpInputList;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
-using tensorflow::OpOutputList;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 namespace errors = tensorflow::errors;
@@ -138,7 +138,31 @@ Mailbox* Get(OpKernelContext* ctx) {
   return mailbox.get();
 }
 
-absl::Status ToOutput(OpKernelContext* ctx, int index, const std::string& bytes) {
+// The status of a mailbox call that answers "" on success, else the problem.
+absl::Status Checked(const std::string& error) {
+  return error.empty() ? absl::OkStatus() : errors::Unavailable(error);
+}
+
+// Queues `call` on the mailbox of input 0; its status becomes the op's, then `done` runs.
+void SubmitCall(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
+                std::function<absl::Status(Mailbox*)> call) {
+  Mailbox* mailbox = Get(ctx);
+  if (mailbox == nullptr) return done();
+  mailbox->Submit([ctx, done = std::move(done), mailbox, call = std::move(call)] {
+    ctx->SetStatus(call(mailbox));
+    done();
+  });
+}
+
+template <typename T>
+absl::Status ScalarOutput(OpKernelContext* ctx, int index, T value) {
+  Tensor* out;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({}), &out));
+  out->scalar<T>()() = value;
+  return absl::OkStatus();
+}
+
+absl::Status BytesOutput(OpKernelContext* ctx, int index, const std::string& bytes) {
   const size_t item = tensorflow::DataTypeSize(ctx->expected_output_dtype(index));
   if (bytes.size() % item != 0)
     return errors::DataLoss("received ", bytes.size(), " bytes, not a whole number of ", item,
@@ -170,11 +194,8 @@ class MailboxOp : public OpKernel {
     auto mailbox = std::make_shared<Mailbox>(options_);
     OP_REQUIRES(ctx, mailbox->init_error().empty(),
                 errors::Unavailable("UCX mailbox: ", mailbox->init_error()));
-    Tensor *handle, *port;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &port));
-    port->scalar<int32_t>()() = mailbox->port();
-    handle->scalar<int64_t>()() = RegisterMailbox(std::move(mailbox));
+    OP_REQUIRES_OK(ctx, ScalarOutput<int32_t>(ctx, 1, mailbox->port()));
+    OP_REQUIRES_OK(ctx, ScalarOutput<int64_t>(ctx, 0, RegisterMailbox(std::move(mailbox))));
   }
 
  private:
@@ -189,25 +210,15 @@ class ConnectOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    auto mailbox = Get(ctx);
-    if (mailbox == nullptr) return done();
     std::string address(ctx->input(1).scalar<tensorflow::tstring>()());
-    int64_t source = source_;
-    double seconds = connect_seconds_;
-    mailbox->Submit([ctx, done, mailbox, address, source, seconds] {
+    const int64_t source = source_;
+    const double seconds = connect_seconds_;
+    SubmitCall(ctx, std::move(done), [=](Mailbox* mailbox) -> absl::Status {
       int peer = -1;
       int64_t id = -1;
-      std::string error = mailbox->Connect(address, source, seconds, &peer, &id);
-      if (!error.empty()) {
-        ctx->SetStatus(errors::Unavailable(error));
-      } else {
-        Tensor *peer_out, *id_out;
-        OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &peer_out), done);
-        OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(1, TensorShape({}), &id_out), done);
-        peer_out->scalar<int32_t>()() = peer;
-        id_out->scalar<int64_t>()() = id;
-      }
-      done();
+      TF_RETURN_IF_ERROR(Checked(mailbox->Connect(address, source, seconds, &peer, &id)));
+      TF_RETURN_IF_ERROR(ScalarOutput<int32_t>(ctx, 0, peer));
+      return ScalarOutput<int64_t>(ctx, 1, id);
     });
   }
 
@@ -220,16 +231,12 @@ class SendOp : public AsyncOpKernel {
  public:
   using AsyncOpKernel::AsyncOpKernel;
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    auto mailbox = Get(ctx);
-    if (mailbox == nullptr) return done();
     int peer = ctx->input(1).scalar<int32_t>()();
     uint64_t tag = static_cast<uint64_t>(ctx->input(2).scalar<int64_t>()());
     Tensor data = ctx->input(3);
-    mailbox->Submit([ctx, done, mailbox, peer, tag, data] {
+    SubmitCall(ctx, std::move(done), [=](Mailbox* mailbox) {
       auto bytes = data.tensor_data();
-      std::string error = mailbox->Send(peer, tag, bytes.data(), bytes.size());
-      if (!error.empty()) ctx->SetStatus(errors::Unavailable(error));
-      done();
+      return Checked(mailbox->Send(peer, tag, bytes.data(), bytes.size()));
     });
   }
 };
@@ -238,24 +245,15 @@ class RecvOp : public AsyncOpKernel {
  public:
   using AsyncOpKernel::AsyncOpKernel;
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    auto mailbox = Get(ctx);
-    if (mailbox == nullptr) return done();
     uint64_t tag = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
     uint64_t mask = static_cast<uint64_t>(ctx->input(2).scalar<int64_t>()());
     int watch = ctx->input(3).scalar<int32_t>()();
-    mailbox->Submit([ctx, done, mailbox, tag, mask, watch] {
+    SubmitCall(ctx, std::move(done), [=](Mailbox* mailbox) -> absl::Status {
       uint64_t sender_tag = 0;
       std::string payload;
-      std::string error = mailbox->Recv(tag, mask, watch, &sender_tag, &payload);
-      if (!error.empty()) {
-        ctx->SetStatus(errors::Unavailable(error));
-        return done();
-      }
-      Tensor* tag_out;
-      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &tag_out), done);
-      tag_out->scalar<int64_t>()() = static_cast<int64_t>(sender_tag);
-      OP_REQUIRES_OK_ASYNC(ctx, ToOutput(ctx, 1, payload), done);
-      done();
+      TF_RETURN_IF_ERROR(Checked(mailbox->Recv(tag, mask, watch, &sender_tag, &payload)));
+      TF_RETURN_IF_ERROR(ScalarOutput<int64_t>(ctx, 0, static_cast<int64_t>(sender_tag)));
+      return BytesOutput(ctx, 1, payload);
     });
   }
 };
@@ -281,56 +279,45 @@ class ExchangeOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    Mailbox* mailbox = Get(ctx);
-    if (mailbox == nullptr) return done();
     OpInputList inputs;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->input_list("data", &inputs), done);
     std::vector<Tensor> data(inputs.begin(), inputs.end());
-    auto peers = peers_;
-    auto send_tags = send_tags_;
-    auto sources = sources_;
-    const uint64_t want = static_cast<uint64_t>(reply_kind_) << 56;
-    mailbox->Submit([=] {
-      std::vector<const void*> pointers;
-      std::vector<size_t> sizes;
-      for (const Tensor& t : data) {
-        pointers.push_back(t.tensor_data().data());
-        sizes.push_back(t.tensor_data().size());
-      }
-      std::string error = mailbox->SendAll(peers, send_tags, pointers, sizes);
-      if (!error.empty()) {
-        ctx->SetStatus(errors::Unavailable(error));
-        return done();
-      }
-      Tensor* tags_out;
-      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(
-          0, TensorShape({static_cast<int64_t>(peers.size())}), &tags_out), done);
-      std::vector<bool> seen(peers.size(), false);
-      for (size_t n = 0; n < peers.size(); ++n) {
-        uint64_t sender_tag = 0;
-        std::string payload;
-        // Any order: a server blocked sending to us must not wait behind another.
-        error = mailbox->Recv(want, kKindMask, -1, &sender_tag, &payload);
-        if (!error.empty()) {
-          ctx->SetStatus(errors::Unavailable(error));
-          return done();
-        }
-        const int64_t source = static_cast<int64_t>((sender_tag >> 40) & 0xFFFF);
-        size_t i = 0;
-        while (i < sources.size() && (sources[i] != source || seen[i])) ++i;
-        if (i == sources.size()) {
-          ctx->SetStatus(errors::Internal("unexpected reply from source ", source));
-          return done();
-        }
-        seen[i] = true;
-        tags_out->flat<int64_t>()(i) = static_cast<int64_t>(sender_tag);
-        OP_REQUIRES_OK_ASYNC(ctx, ToOutput(ctx, 1 + static_cast<int>(i), payload), done);
-      }
-      done();
+    SubmitCall(ctx, std::move(done), [this, ctx, data](Mailbox* mailbox) {
+      return Run(ctx, mailbox, data);
     });
   }
 
  private:
+  // Runs on the mailbox thread; the kernel outlives its queued calls.
+  absl::Status Run(OpKernelContext* ctx, Mailbox* mailbox, const std::vector<Tensor>& data) {
+    std::vector<const void*> pointers;
+    std::vector<size_t> sizes;
+    for (const Tensor& t : data) {
+      pointers.push_back(t.tensor_data().data());
+      sizes.push_back(t.tensor_data().size());
+    }
+    TF_RETURN_IF_ERROR(Checked(mailbox->SendAll(peers_, send_tags_, pointers, sizes)));
+    Tensor* tags_out;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(
+        0, TensorShape({static_cast<int64_t>(peers_.size())}), &tags_out));
+    const uint64_t want = static_cast<uint64_t>(reply_kind_) << 56;
+    std::vector<bool> seen(peers_.size(), false);
+    for (size_t n = 0; n < peers_.size(); ++n) {
+      uint64_t sender_tag = 0;
+      std::string payload;
+      // Any order: a server blocked sending to us must not wait behind another.
+      TF_RETURN_IF_ERROR(Checked(mailbox->Recv(want, kKindMask, -1, &sender_tag, &payload)));
+      const int64_t source = static_cast<int64_t>((sender_tag >> 40) & 0xFFFF);
+      size_t i = 0;
+      while (i < sources_.size() && (sources_[i] != source || seen[i])) ++i;
+      if (i == sources_.size()) return errors::Internal("unexpected reply from source ", source);
+      seen[i] = true;
+      tags_out->flat<int64_t>()(i) = static_cast<int64_t>(sender_tag);
+      TF_RETURN_IF_ERROR(BytesOutput(ctx, 1 + static_cast<int>(i), payload));
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<int> peers_;
   std::vector<uint64_t> send_tags_;
   std::vector<int64_t> sources_;
@@ -341,12 +328,10 @@ class CloseOp : public AsyncOpKernel {
  public:
   using AsyncOpKernel::AsyncOpKernel;
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    auto mailbox = Get(ctx);
-    if (mailbox == nullptr) return done();
     int peer = ctx->input(1).scalar<int32_t>()();
-    mailbox->Submit([done, mailbox, peer] {
+    SubmitCall(ctx, std::move(done), [peer](Mailbox* mailbox) {
       mailbox->Close(peer);
-      done();
+      return absl::OkStatus();
     });
   }
 };
