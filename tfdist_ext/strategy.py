@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -31,6 +30,7 @@ from tfdist_ext.collectives import engines
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
+from tfdist_ext.ps import roles
 from tfdist_ext.registry import positive_int, seconds
 
 log = logging.getLogger("tfdist_ext")
@@ -193,7 +193,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                     "GPU (one on CPU). Drop `num_replicas`, or unset TF_CONFIG to run "
                     f"{num_replicas} replicas in this process.")
             devices = cluster.local_devices(num_replicas)
-        resolver = self._servers(spec, config.sync)
+        resolver = roles.serve_or_resolver(spec, config.sync)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
         with startup.join_within(startup_timeout, spec):
@@ -220,22 +220,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
-
-    @staticmethod
-    def _servers(spec, sync_policy):
-        """Serves and exits on a "ps" task; else the workers' resolver (None: TF_CONFIG's)."""
-        if spec is None or "ps" not in spec.jobs:
-            return None
-        if not isinstance(sync_policy, sync.Asynchronous):
-            raise ValueError(
-                f"TF_CONFIG has a 'ps' job ({len(spec.jobs['ps'])} task(s)), which only "
-                f"sync='async' uses; this strategy has sync={sync_policy.name!r}. Pass "
-                "sync='async', or launch without parameter servers (drop `--ps`, or the "
-                "'ps' job from TF_CONFIG).")
-        if spec.task_type == "ps":
-            from tfdist_ext.ps import server  # pylint: disable=import-outside-toplevel
-            sys.exit(server.serve(spec, sync_policy.timeout_seconds))
-        return spec.without_servers().resolver()
 
     @property
     def _cross_ops(self):
@@ -434,7 +418,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             return super(Strategy, self).reduce(reduce_op, v, leaf_axis)
 
         return _compat.nest.map_structure(reduce_one, value)
-
 
     def _reduce_on_worker(self, reduce_op, value, axis):
         if not _compat.is_distributed_value(value):

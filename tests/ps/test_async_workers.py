@@ -102,15 +102,17 @@ def test_async_options_are_validated(kwargs, match):
         Asynchronous(**kwargs)
 
 
-def test_a_ps_job_needs_sync_async():
-    from tfdist_ext import sync  # pylint: disable=import-outside-toplevel
+def test_a_ps_job_needs_sync_async(monkeypatch):
+    from tfdist_ext.ps import roles  # pylint: disable=import-outside-toplevel
 
-    spec = _spec({"worker": ["a:1"], "ps": ["b:2", "c:3"]})
+    cluster = {"worker": ["a:1"], "ps": ["b:2", "c:3"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}}))
     with pytest.raises(ValueError, match=r"TF_CONFIG has a 'ps' job \(2 task\(s\)\), which "
                                          r"only sync='async' uses; this strategy has "
                                          r"sync='local_sgd'"):
-        Strategy._servers(spec, sync.get("local_sgd"))  # pylint: disable=protected-access
-    resolver = Strategy._servers(spec, Asynchronous())  # pylint: disable=protected-access
+        Strategy(sync="local_sgd")
+    resolver = roles.serve_or_resolver(_spec(cluster), Asynchronous())
     assert resolver.cluster_spec().as_dict() == {"worker": ["a:1"]}
 
 

@@ -5,7 +5,8 @@
 * `sharding`: which server holds which variable (pure);
 * `admission`: which pushed gradient a server may apply next under a
   staleness bound (pure);
-* `server`: the serving loop a "ps" task runs.
+* `server`: the serving loop a "ps" task runs;
+* `roles`: whether this process serves (a "ps" task) or trains.
 
 The worker side is `tfdist_ext.sync.asynchronous`.
 """

@@ -70,6 +70,7 @@ class Asynchronous(SyncPolicy):
     staleness_bound: Optional[int] = None
     delay_compensation: float = 0.0
     timeout_seconds: float = 600.0
+    uses_parameter_servers = True
     communicates = ("gradients to parameter servers and parameters back, every step, "
                     "without waiting for other workers")
 

@@ -19,6 +19,8 @@ class SyncPolicy:
 
     #: What the policy sends between replicas, for error messages.
     communicates = "gradients every step"
+    #: Whether the policy trains against a TF_CONFIG "ps" job (`tfdist_ext.ps`).
+    uses_parameter_servers = False
 
     def check_compression(self, compressor) -> None:
         """Raises ValueError when `compressor` cannot work with this policy.
