@@ -144,9 +144,9 @@ def parse_args(argv=None):
     except ValueError as err:
         parser.error(str(err))
     if args.link != "none" and not args.worker:
-        from tfdist_ext.launch import netbed  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.launch import linkspec, netbed  # pylint: disable=import-outside-toplevel
         try:
-            netbed.parse_rate(args.link)
+            linkspec.parse_rate(args.link)
             netbed.check_available(latency=bool(args.latency))
         except (ValueError, netbed.NetBedError) as err:
             parser.error(f"--link {args.link}: {err} (--link none: plain 127.0.0.1)")

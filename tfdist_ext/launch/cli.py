@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 
-from tfdist_ext.launch import netbed
+from tfdist_ext.launch import linkspec, netbed
 from tfdist_ext.launch.launcher import Launcher
 
 
@@ -33,7 +33,7 @@ def _positive(kind, minimum):
 
 def _rate(text):
     try:
-        netbed.parse_rate(text)
+        linkspec.parse_rate(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -79,7 +79,7 @@ def _hosts(text):
 
 def _delay(text):
     try:
-        netbed.parse_latency(text)
+        linkspec.parse_latency(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -95,7 +95,7 @@ def _stop(signum, _frame):
 
 def _run_shaped(args, command, launcher, layout) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
-    latency = netbed.parse_latency(args.link_latency) if args.link_latency else None
+    latency = linkspec.parse_latency(args.link_latency) if args.link_latency else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
                         latency=latency, num_hosts=layout[0] if layout else None)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
                      f"{args.hosts} slots of -H; raise the slots (-H localhost:"
                      f"{args.num_workers}) or lower -np")
     if args.link_latency is not None:
-        pairs = netbed.parse_latency(args.link_latency)
+        pairs = linkspec.parse_latency(args.link_latency)
         count = layout[0] if layout else args.num_workers
         for a, b in pairs if isinstance(pairs, dict) else ():
             if max(a, b) >= count:

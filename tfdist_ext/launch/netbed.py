@@ -35,76 +35,16 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
+from tfdist_ext.launch import linkspec
+
 MARKER_DIR = "/run/tfdist_netbed"
 SUBNET_PREFIX = "10.213"  # 10.213.B.0/24, B chosen per job among unused ones.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_NETBED = "leave out --link-bandwidth: the plain launcher works without it"
 NO_LATENCY = "leave out --link-latency: bandwidth shaping works without it"
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|[kmgt]i?bit|bps|[kmgt]i?bps)$")
-_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-
-
 class NetBedError(RuntimeError):
     """The test bed cannot be built here (privilege, tools) or a command failed."""
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second of a tc rate such as '50mbit', '1gbit', '100kbit', '10mbps'.
-
-    Raises:
-        ValueError: naming the text received and the accepted forms.
-    """
-    match = _RATE.match(text.strip().lower())
-    bps = 0.0
-    if match:
-        unit = match.group(2)
-        bps = float(match.group(1)) * _SCALE[unit[:-3]] * (8 if unit.endswith("bps") else 1)
-    if bps < 8000:
-        raise ValueError(
-            f"must be a tc rate of at least 8kbit such as 100kbit, 50mbit, 1gbit or 10mbps "
-            f"(units: bit, kbit, mbit, gbit, tbit, *ibit, bps, kbps, mbps, gbps); "
-            f"received {text!r}")
-    return bps
-
-
-_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
-
-
-def parse_delay(text: str) -> float:
-    """Seconds of a delay such as '50ms', '500us' or '1s'.
-
-    Raises:
-        ValueError: naming the text received and the accepted forms.
-    """
-    match = _DELAY.match(text.strip().lower())
-    if not match:
-        raise ValueError(f"must be a delay such as 50ms, 500us or 1s; received {text!r}")
-    return float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2)]
-
-
-def parse_latency(text: str):
-    """A `--link-latency` value: one delay for every pair ('50ms' -> 0.05), or delays
-    per host pair ('0:1=100ms,0:2=30ms' -> {(0, 1): 0.1, (0, 2): 0.03}; pairs not
-    listed get none).
-
-    Raises:
-        ValueError: naming the text received and the accepted forms.
-    """
-    if "=" not in text:
-        return parse_delay(text)
-    pairs = {}
-    for item in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*=\s*(\S+)\s*", item)
-        if not match or match.group(1) == match.group(2):
-            raise ValueError(
-                f"must be a delay such as 50ms, or delays per pair of hosts such as "
-                f"0:1=100ms,0:2=30ms (host indices, two different ones per pair); "
-                f"received {text!r}")
-        pair = tuple(sorted((int(match.group(1)), int(match.group(2)))))
-        pairs[pair] = parse_delay(match.group(3))
-    return pairs
 
 
 def check_available(latency: bool = False):
@@ -220,7 +160,7 @@ class NetBed:
 
     Args:
         num_workers: Namespaces to create (one per worker).
-        rate: A tc rate, e.g. '50mbit' (validated by `parse_rate`), or None for
+        rate: A tc rate, e.g. '50mbit' (validated by `linkspec.parse_rate`), or None for
             links as fast as the machine.
         log: Callable taking one line, for what the bed does (e.g. cleaning).
         latency: One-way delay in seconds between any two namespaces (each packet
@@ -258,7 +198,7 @@ class NetBed:
             if not 0 <= seconds <= 10:
                 raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received "
                                  f"{seconds}")
-        self.rate_bps = parse_rate(rate) if rate is not None else None
+        self.rate_bps = linkspec.parse_rate(rate) if rate is not None else None
         self.rate = rate.strip().lower() if rate is not None else None
         self.latency = latency
         self.num_workers = num_workers

@@ -138,13 +138,13 @@ def main(argv=None) -> int:
     if args.send:
         _send(args.send[0], int(args.send[1]), int(args.send[2]))
         return 0
-    from tfdist_ext.launch import netbed  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.launch import linkspec, netbed  # pylint: disable=import-outside-toplevel
     try:
-        netbed.parse_rate(args.link_bandwidth)
+        linkspec.parse_rate(args.link_bandwidth)
     except ValueError as err:
         parser.error(f"argument --link-bandwidth: {err}")
     try:
-        latency = netbed.parse_latency(args.link_latency) if args.link_latency else None
+        latency = linkspec.parse_latency(args.link_latency) if args.link_latency else None
     except ValueError as err:
         parser.error(f"argument --link-latency: {err}")
     try:
