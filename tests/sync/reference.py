@@ -204,14 +204,24 @@ def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
     return history
 
 
-def gossip(w0, rows, steps, num, lr, table, mixing):
-    """D-PSGD: own SGD step, then w_r = (1 - p m) w_r + m sum_j w_{(r - s_j(t)) mod N}."""
+def gossip(w0, rows, steps, num, lr, table, mixing, momentum=0.0, mix_slots=False):
+    """D-PSGD: own (momentum) SGD step, then w_r = (1 - p m) w_r + m sum_j w_{(r - s_j(t)) mod N};
+    with `mix_slots` the momentum buffers are mixed alike."""
     ws = [w0.copy() for _ in range(num)]
+    velocities = [np.zeros_like(w0) for _ in range(num)]
     history = []
+
+    def mix(values, shifts):
+        return [(1 - len(shifts) * mixing) * values[r]
+                + mixing * sum(values[(r - s) % num] for s in shifts) for r in range(num)]
+
     for t in range(steps):
-        ws = [w - lr * gradient(w, *rows(t, i)) for i, w in enumerate(ws)]
+        velocities = [momentum * v - lr * gradient(w, *rows(t, i))
+                      for i, (w, v) in enumerate(zip(ws, velocities))]
+        ws = [w + v for w, v in zip(ws, velocities)]
         shifts = table[t % len(table)]
-        ws = [(1 - len(shifts) * mixing) * ws[r]
-              + mixing * sum(ws[(r - s) % num] for s in shifts) for r in range(num)]
+        ws = mix(ws, shifts)
+        if mix_slots:
+            velocities = mix(velocities, shifts)
         history.append([w.copy() for w in ws])
     return history

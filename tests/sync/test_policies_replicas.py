@@ -34,14 +34,14 @@ def _rows(x, y, num):
     return rows
 
 
-def fit(policy, steps=6, num=2, epochs=1, **strategy_args):
+def fit(policy, steps=6, num=2, epochs=1, momentum=0.0, **strategy_args):
     """Trains; returns (w0, per-step per-replica weights, final weights, strategy)."""
     x, y = _data(steps, num)
     strategy = tfdist_ext.Strategy(sync=policy, num_replicas=num, **strategy_args)
     with strategy.scope():
         model = keras.Sequential([keras.Input((FEATURES,)),
                                   keras.layers.Dense(1, use_bias=False)])
-        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=momentum), loss="mse")
     w0 = model.get_weights()[0].astype(np.float64)
     history = []
 
@@ -390,6 +390,23 @@ def test_gossip_follows_d_psgd_on_the_graph_sequence(num, options):
     assert stats["bytes_sent"] == steps * policy.peers * 5 * 4
 
 
+@pytest.mark.parametrize("mix_slots", [False, True])
+def test_gossip_with_momentum_mixes_the_momentum_only_when_asked(mix_slots):
+    steps, num, momentum = 7, 3, 0.9
+    policy = sync.Gossip(mix_slots=mix_slots)
+    w0, history, _, strategy, rows = fit(policy, steps, num=num, momentum=momentum)
+    table = policy.shift_table(num)
+    expected = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum,
+                                mix_slots)
+    other = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum,
+                             not mix_slots)
+    for t in range(steps):
+        _close(history[t], expected[t])
+    assert np.abs(np.asarray(expected[-1]) - np.asarray(other[-1])).max() > 1e-4
+    # Parameters, and with mix_slots the momentum: 5 float32 each, one peer per step.
+    assert strategy.communication_stats()["bytes_sent"] == steps * 5 * 4 * (1 + mix_slots)
+
+
 def test_gossip_without_mixing_is_independent_training():
     steps, num = 6, 3
     w0, history, _, _, rows = fit(sync.Gossip(mixing=0.0), steps, num=num)
@@ -406,6 +423,7 @@ def test_gossip_without_mixing_is_independent_training():
     ({"peers": 2, "mixing": 0.6}, r"Argument `mixing` must be in \[0, 1 / peers\] = "
                                   r"\[0, 0\.5\]; received 0\.6\."),
     ({"peers": 0}, r"Argument `peers` must be an integer >= 1; received 0\."),
+    ({"mix_slots": "yes"}, r"Argument `mix_slots` must be True or False; received 'yes'\."),
 ])
 def test_gossip_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):

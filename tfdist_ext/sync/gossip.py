@@ -26,7 +26,7 @@ evaluation, at epoch ends and when `fit` returns (the drain), so the saved
 model is one model; the consensus distance just before that average is
 reported as ``consensus_distance`` (root mean square distance of the
 replicas' parameters from their mean) by `communication_stats()` and
-`CommunicationStats`. Optimizer slots stay local.
+`CommunicationStats`. Optimizer slots stay local unless `mix_slots`.
 
 Tuning: one peer with m = 1/2 halves each step's communication against a
 ring all-reduce of the model and needs no synchronisation beyond a pair of
@@ -46,7 +46,7 @@ from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
 
 TOPOLOGIES = ("exponential", "ring", "random")
 TABLE_STEPS = 1024  # the random topology repeats after this many steps
@@ -65,12 +65,18 @@ class Gossip(SyncPolicy):
             None means 1 / (p + 1) (a uniform average of self and peers).
             0 is independent local training.
         seed: Seed of the "random" topology (the same on every worker).
+        mix_slots: Mix the optimizer's slot variables (momentum, Adam's
+            moments) with the same weights as the parameters. Each replica's
+            momentum otherwise carries its own gradient noise and pushes the
+            replicas apart every step; mixing it costs one more model-sized
+            message per slot and peer.
     """
 
     topology: str = "exponential"
     peers: int = 1
     mixing: float = None
     seed: int = 0
+    mix_slots: bool = False
     communicates = "parameters with a few peers every step"
 
     def __post_init__(self):
@@ -84,6 +90,9 @@ class Gossip(SyncPolicy):
                              f"neighbours +1 and -1); received {self.peers}. Use "
                              "topology='exponential' or 'random' for more peers.")
         positive_int("seed", self.seed, minimum=0)
+        if not isinstance(self.mix_slots, bool):
+            raise ValueError(f"Argument `mix_slots` must be True or False; received "
+                             f"{self.mix_slots!r}.")
         if self.mixing is not None:
             m = self.mixing
             if (isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m)
@@ -165,10 +174,11 @@ class _GossipRunner(PolicyRunner):
         scale = float(self.world_size)
         self.apply(optimizer, [g * tf.cast(scale, g.dtype) for g in _dense(grads)], variables,
                    learning_rate)
+        mixed = list(variables) + (_slots(optimizer) if self.policy.mix_slots else [])
         tf.distribute.get_replica_context().merge_call(
-            self._mix_merge, args=(step, [_tf_variable(v) for v in variables]))
+            self._mix_merge, args=(step, [_tf_variable(v) for v in mixed], len(variables)))
 
-    def _mix_merge(self, strategy, step, variables):
+    def _mix_merge(self, strategy, step, variables, num_parameters):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
         if not self.policy.weight:
             return self.rounds.assign_add(1)
@@ -192,7 +202,7 @@ class _GossipRunner(PolicyRunner):
                 updates.append(c[i].assign(value))
         # Counted against what synchronous SGD's gradient all-reduce would send.
         dense = sum(self.cross_ops.dense_wire_bytes(c[0].shape.num_elements(), c[0].dtype)
-                    for c in components)
+                    for c in components[:num_parameters])
         updates.append(self.cross_ops.state.count(sent, dense))
         with tf.control_dependencies(updates):
             return self.rounds.assign_add(1)

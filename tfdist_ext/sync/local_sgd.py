@@ -52,7 +52,7 @@ from tfdist_ext import _compat
 from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
 
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 
@@ -294,12 +294,6 @@ class _LocalSGDRunner(PolicyRunner):
 
     def stats(self):
         return {"sync_rounds": int(self.rounds.numpy())}
-
-
-def _slots(optimizer):
-    """The optimizer's per-parameter variables (not its step counter or learning rate)."""
-    skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
-    return [v for v in optimizer.variables if id(v) not in skip]
 
 
 def _per_replica_cond(strategy, predicate, true_fn, false_fn):

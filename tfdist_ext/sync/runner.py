@@ -160,3 +160,9 @@ def _tf_variable(variable):
 
 def _dense(grads):
     return [tf.convert_to_tensor(g) for g in grads]
+
+
+def _slots(optimizer):
+    """The optimizer's per-parameter variables (not its step counter or learning rate)."""
+    skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
+    return [v for v in optimizer.variables if id(v) not in skip]
