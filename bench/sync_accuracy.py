@@ -34,6 +34,11 @@ POLICIES = {
     "dga": {"name": "delayed_averaging", "delay": 2},
     "model_averaging": {"name": "model_averaging", "learners_per_device": 2},
     "gossip": "gossip",
+    "gossip_p2": {"name": "gossip", "peers": 2},
+    "gossip_slots": {"name": "gossip", "mix_slots": True},
+    # Exact averaging every step with per-replica optimizer state (and with averaged slots):
+    "lsgd1": {"name": "local_sgd", "period": 1, "average_slots": False},
+    "lsgd1_slots": {"name": "local_sgd", "period": 1},
     "diloco": {"name": "diloco", "period": 8},
 }
 

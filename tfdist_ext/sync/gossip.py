@@ -31,7 +31,11 @@ replicas' parameters from their mean) by `communication_stats()` and
 Tuning: one peer with m = 1/2 halves each step's communication against a
 ring all-reduce of the model and needs no synchronisation beyond a pair of
 replicas; more peers (or "exponential" over "ring") shrink the spread
-faster. Keep the synchronous learning rate; if accuracy lags, add a peer.
+faster. Keep the synchronous learning rate; if accuracy lags, add a peer or
+mix the optimizer's slots (`mix_slots`, one more model-sized message per
+slot). With Adam and small per-replica batches, expect to trail synchronous
+training more than with momentum SGD: each replica normalizes its own noisy
+gradient, which no amount of parameter mixing undoes (README).
 """
 
 import dataclasses
