@@ -5,11 +5,13 @@
 
 For each link (none: plain 127.0.0.1; a rate: the shaped test bed, root),
 repeat and config, one `bench/time_to_accuracy.py` launch trains the MLP
-(4.4 MB of float32 gradients, Adam) on 2 workers. The steady per-step time is
-(seconds at the last epoch - seconds at epoch 1) / ((epochs - 1) x steps per
-epoch): adaptive probes its candidates during the first epoch, so epoch 1 is
-reported apart (its cost). Ratios: adaptive / dense ("sync") and adaptive /
-the best fixed config, min and median over repeats.
+(4.4 MB of float32 gradients, Adam) on 2 workers. A launch's steady per-step
+time is the median over epochs 2..E of (epoch seconds / steps per epoch),
+so an epoch that a stall of this host hits does not move it
+("step_ms_mean" keeps the mean over those epochs). Adaptive probes its
+candidates during the first epoch, so epoch 1 is reported apart (its cost).
+Ratios: adaptive / dense ("sync") and adaptive / the best fixed config, min
+and median over repeats; configs are interleaved within each repeat.
 """
 
 import argparse
@@ -58,16 +60,21 @@ def run(args):
         for link in args.link_list:
             launch_args = argparse.Namespace(workers=args.workers, link=link, seed=0,
                                              epochs_of={"mlp": args.epochs},
-                                             timeout=args.timeout)
+                                             timeout=args.timeout, hosts=None, latency=None,
+                                             collective_timeout=None)
             for repeat in range(args.repeats):
                 for i, config in enumerate(args.config_list):
                     records = tta.launch(launch_args, "mlp", config, f"{link}-{repeat}-{i}",
                                          directory, check=link != "none" and not rows)
                     first, last = records[0], records[-1]
+                    epoch_ms = [1e3 * (b["seconds"] - a["seconds"]) / steps
+                                for a, b in zip(records, records[1:])]
                     rows.append({
                         "link": link, "repeat": repeat, "config": config,
-                        "step_ms": 1e3 * (last["seconds"] - first["seconds"])
+                        "step_ms": statistics.median(epoch_ms),
+                        "step_ms_mean": 1e3 * (last["seconds"] - first["seconds"])
                         / ((len(records) - 1) * steps),
+                        "step_ms_epochs": epoch_ms,
                         "first_epoch_s": first["seconds"],
                         "mb_per_epoch": (last["bytes_sent"] - first["bytes_sent"])
                         / (len(records) - 1) / 1e6,
