@@ -54,14 +54,18 @@ def steps_per_epoch(workers):
     return math.ceil(len(load_mnist1d()[0]) / tta.GLOBAL_BATCH)
 
 
+def launch_options(args, link):
+    """`bench/time_to_accuracy.py`'s options for one link (its defaults for the rest)."""
+    return tta.parse_args(["--workers", str(args.workers), "--link", link, "--models", "mlp",
+                           "--epochs", str(args.epochs), "--configs", args.configs,
+                           "--timeout", str(args.timeout)])
+
+
 def run(args):
     rows, steps = [], steps_per_epoch(args.workers)
     with tempfile.TemporaryDirectory(prefix="tfdist_adaptive_") as directory:
         for link in args.link_list:
-            launch_args = argparse.Namespace(workers=args.workers, link=link, seed=0,
-                                             epochs_of={"mlp": args.epochs},
-                                             timeout=args.timeout, hosts=None, latency=None,
-                                             collective_timeout=None)
+            launch_args = launch_options(args, link)
             for repeat in range(args.repeats):
                 for i, config in enumerate(args.config_list):
                     records = tta.launch(launch_args, "mlp", config, f"{link}-{repeat}-{i}",

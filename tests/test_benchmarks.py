@@ -83,3 +83,17 @@ def test_scaling_benchmark_tiny(tmp_path):
     assert rows[("sync", 1)]["bytes_sent"] == 0 < rows[("powersgd", 2)]["bytes_sent"] \
         < rows[("sync", 2)]["bytes_sent"]
     assert (tmp_path / "sc.png").stat().st_size > 0
+
+
+@pytest.mark.multiworker
+def test_adaptive_benchmark_tiny(tmp_path):
+    out = tmp_path / "a.json"
+    _run("adaptive.py", "--links", "none", "--configs", "sync,adaptive", "--repeats", "1",
+         "--epochs", "2", "--json", str(out))
+    data = json.loads(out.read_text())
+    rows = {row["config"]: row for row in data["rows"]}
+    assert set(rows) == {"sync", "adaptive"}
+    assert len(rows["adaptive"]["step_ms_epochs"]) == 1 and rows["adaptive"]["step_ms"] > 0
+    assert rows["adaptive"]["choices"]  # it probed and decided in epoch 1
+    summary = {row["config"]: row for row in data["summary"]}
+    assert summary["sync"]["vs_dense"] == 1.0
