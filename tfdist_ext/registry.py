@@ -127,6 +127,17 @@ def positive_int(option: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def boolean(option: str, value: Any) -> bool:
+    """Validates a flag that must be exactly True or False; returns it.
+
+    Raises:
+        ValueError: naming `option` and the value received.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"Argument `{option}` must be True or False; received {value!r}.")
+    return value
+
+
 def seconds(option: str, value: Any, advice: str = "") -> float:
     """Validates a duration option: a number of seconds >= 0 (0 waits forever).
 

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Optional, Tuple
 
-from tfdist_ext.registry import positive_int, seconds
+from tfdist_ext.registry import boolean, positive_int, seconds
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _BOUND = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
@@ -159,9 +159,7 @@ class AllReduce:
                 f"Argument `inter_host` must name a flat algorithm for the host leaders: "
                 f"{', '.join(map(repr, flat))}; received {self.inter_host!r}.")
         for flag in ("calibrate", "refine"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"Argument `{flag}` must be True or False; received "
-                                 f"{getattr(self, flag)!r}.")
+            boolean(flag, getattr(self, flag))
 
     def algorithm_for(self, num_bytes: int) -> str:
         """The algorithm that reduces a buffer of `num_bytes`."""

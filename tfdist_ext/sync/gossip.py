@@ -48,7 +48,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
 
@@ -94,9 +94,7 @@ class Gossip(SyncPolicy):
                              f"neighbours +1 and -1); received {self.peers}. Use "
                              "topology='exponential' or 'random' for more peers.")
         positive_int("seed", self.seed, minimum=0)
-        if not isinstance(self.mix_slots, bool):
-            raise ValueError(f"Argument `mix_slots` must be True or False; received "
-                             f"{self.mix_slots!r}.")
+        boolean("mix_slots", self.mix_slots)
         if self.mixing is not None:
             m = self.mixing
             if (isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m)

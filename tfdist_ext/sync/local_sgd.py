@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.compression import NoCompression
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
 
@@ -87,9 +87,7 @@ class LocalSGD(SyncPolicy):
     def __post_init__(self):
         positive_int("period", self.period)
         positive_int("warmup_steps", self.warmup_steps, minimum=0)
-        if not isinstance(self.average_slots, bool):
-            raise ValueError(f"Argument `average_slots` must be True or False; received "
-                             f"{self.average_slots!r}.")
+        boolean("average_slots", self.average_slots)
         if self.outer_optimizer not in OUTER_OPTIMIZERS:
             raise ValueError(
                 f"Argument `outer_optimizer` must be one of "
