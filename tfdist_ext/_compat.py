@@ -91,3 +91,12 @@ def coordination_service_kv():
     """(set, get) functions of the coordination service's key-value store."""
     ctx = context.context()
     return ctx.set_config_key_value, ctx.get_config_key_value
+
+
+def optimizer_slots(optimizer):
+    """A Keras optimizer's per-parameter variables (momentum, Adam's moments).
+
+    Not its step counter, nor the learning rate Keras keeps as a variable.
+    """
+    skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
+    return [v for v in optimizer.variables if id(v) not in skip]

@@ -47,7 +47,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.ps import sharding, wire
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
 log = logging.getLogger("tfdist_ext")
 _sessions = itertools.count()  # async strategies in this process, in creation order
@@ -165,7 +165,7 @@ class _AsyncRunner(PolicyRunner):
         if self.clients is not None:
             self._pull(model, wire.PULL)
             return
-        variables = [_tf_variable(v) for v in model.trainable_variables]
+        variables = [tf_variable(v) for v in model.trainable_variables]
         for v in variables:
             if v.dtype != tf.float32:
                 raise TypeError(
@@ -226,7 +226,7 @@ class _AsyncRunner(PolicyRunner):
 
     def _pull(self, model, kind):
         """Every local replica sends `kind` (PULL or BARRIER), then takes the parameters."""
-        variables = [_tf_variable(v) for v in model.trainable_variables]
+        variables = [tf_variable(v) for v in model.trainable_variables]
         components = [self.strategy.experimental_local_results(v) for v in variables]
         empty = [tf.zeros([0], tf.float32)] * len(self.servers)
         for client in self.clients:  # every request out before any wait (barrier)
@@ -270,9 +270,9 @@ class _AsyncRunner(PolicyRunner):
     def update_step(self, optimizer, grads, variables, learning_rate):
         del optimizer, learning_rate  # the servers apply the gradients
         scale = float(self.world_size)  # Keras scaled the loss by 1 / replicas
-        grads = [g * tf.cast(scale, g.dtype) for g in _dense(grads)]
+        grads = [g * tf.cast(scale, g.dtype) for g in dense_gradients(grads)]
         tf.distribute.get_replica_context().merge_call(
-            self._push_merge, args=(grads, [_tf_variable(v) for v in variables]))
+            self._push_merge, args=(grads, [tf_variable(v) for v in variables]))
 
     def _push_merge(self, strategy, grads, variables):
         per_replica = [strategy.experimental_local_results(g) for g in grads]

@@ -50,7 +50,7 @@ from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
 TOPOLOGIES = ("exponential", "ring", "random")
 TABLE_STEPS = 1024  # the random topology repeats after this many steps
@@ -174,11 +174,12 @@ class _GossipRunner(PolicyRunner):
     def update_step(self, optimizer, grads, variables, learning_rate):
         step = tf.cast(optimizer.iterations, tf.int64)
         scale = float(self.world_size)
-        self.apply(optimizer, [g * tf.cast(scale, g.dtype) for g in _dense(grads)], variables,
-                   learning_rate)
-        mixed = list(variables) + (_slots(optimizer) if self.policy.mix_slots else [])
+        local = [g * tf.cast(scale, g.dtype) for g in dense_gradients(grads)]
+        self.apply(optimizer, local, variables, learning_rate)
+        slots = _compat.optimizer_slots(optimizer) if self.policy.mix_slots else []
+        mixed = list(variables) + slots
         tf.distribute.get_replica_context().merge_call(
-            self._mix_merge, args=(step, [_tf_variable(v) for v in mixed], len(variables)))
+            self._mix_merge, args=(step, [tf_variable(v) for v in mixed], len(variables)))
 
     def _mix_merge(self, strategy, step, variables, num_parameters):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
@@ -226,7 +227,7 @@ class _GossipRunner(PolicyRunner):
         super().drain(model)
 
     def _distance(self, model):
-        variables = [_tf_variable(v) for v in model.trainable_variables]
+        variables = [tf_variable(v) for v in model.trainable_variables]
         fn = getattr(self, "_distance_fn", None)
         if fn is None or fn[0] != [id(v) for v in variables]:
             def replica():

@@ -52,7 +52,7 @@ from tfdist_ext import _compat
 from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _slots, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 
@@ -155,7 +155,7 @@ class _LocalSGDRunner(PolicyRunner):
         self._num_slots = 0  # the averaged slots come last in the averaged list
 
     def update_step(self, optimizer, grads, variables, learning_rate):
-        grads = _dense(grads)
+        grads = dense_gradients(grads)
         step = tf.cast(optimizer.iterations, tf.int64)
         scale = float(self.world_size)
         local = [g * tf.cast(scale, g.dtype) for g in grads]
@@ -166,10 +166,10 @@ class _LocalSGDRunner(PolicyRunner):
             grads = local
         self.apply(optimizer, grads, variables, learning_rate)
         averaged = list(variables)
-        slots = _slots(optimizer) if self.policy.average_slots else []
+        slots = _compat.optimizer_slots(optimizer) if self.policy.average_slots else []
         self._num_slots = len(slots)
         averaged += slots
-        tf_variables = [_tf_variable(v) for v in averaged]
+        tf_variables = [tf_variable(v) for v in averaged]
         tf.distribute.get_replica_context().merge_call(
             self._average_merge, args=(step, tf_variables))
 

@@ -42,7 +42,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.registry import positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, tf_variable
 
 
 @SYNC_POLICIES.register("model_averaging")
@@ -119,7 +119,7 @@ class _ModelAveragingRunner(PolicyRunner):
         return learners_step
 
     def _step(self, model, train_step, data):
-        model_variables = [_tf_variable(v) for v in model.trainable_variables]
+        model_variables = [tf_variable(v) for v in model.trainable_variables]
         replica = self.local_index()
         copies = [self._copies(i, v) for i, v in enumerate(model_variables)]
         z = [tf.identity(v) for v in model_variables]

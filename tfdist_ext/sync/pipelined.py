@@ -27,7 +27,7 @@ from tfdist_ext.collectives import fusion
 from tfdist_ext.sync.inflight import InflightReductions
 from tfdist_ext.sync.inflight_payloads import Payloads
 from tfdist_ext.sync.tickets import InflightTickets
-from tfdist_ext.sync.runner import PolicyRunner, _dense, _tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
 
 class PipelinedRunner(PolicyRunner):
@@ -56,7 +56,7 @@ class PipelinedRunner(PolicyRunner):
                                  self.first_rank)
 
     def update_step(self, optimizer, grads, variables, learning_rate):
-        grads = _dense(grads)
+        grads = dense_gradients(grads)
         replica = self.local_index()
         buffers, restore = fusion.flatten_by_dtype(grads)
         self._restore = restore
@@ -98,7 +98,7 @@ class PipelinedRunner(PolicyRunner):
                          for s, c in zip(dense_sums, mine)]
                 owed[r] = terms if owed[r] is None else [o + t for o, t in zip(owed[r], terms)]
         learning_rate = float(np.asarray(model.optimizer.learning_rate))
-        variables = [_tf_variable(v) for v in model.trainable_variables]
+        variables = [tf_variable(v) for v in model.trainable_variables]
         for r in range(self.num_local):
             corrections = self._restore([tf.constant(o) for o in owed[r]])
             for variable, correction in zip(variables, corrections):

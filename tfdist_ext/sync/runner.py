@@ -62,7 +62,7 @@ class PolicyRunner:
         gradients are the global mean); a local step undoes that scale.
         """
         scale = float(self.world_size)
-        self.apply(optimizer, [g * tf.cast(scale, g.dtype) for g in _dense(grads)],
+        self.apply(optimizer, [g * tf.cast(scale, g.dtype) for g in dense_gradients(grads)],
                    variables, learning_rate)
 
     def wrap_train_step(self, model, train_step):
@@ -71,7 +71,7 @@ class PolicyRunner:
 
     def apply(self, optimizer, grads, variables, learning_rate):
         """Applies per-replica `grads` with `optimizer`, each replica to its own weights."""
-        tf_variables = [_tf_variable(v) for v in variables]
+        tf_variables = [tf_variable(v) for v in variables]
         tf.__internal__.distribute.interim.maybe_merge_call(
             optimizer._distributed_tf_update_step,  # pylint: disable=protected-access
             self.strategy, list(zip(grads, tf_variables)), learning_rate)
@@ -117,7 +117,7 @@ class PolicyRunner:
 
     def _average(self, model, steps_since_drain):
         """Averages trainable variables over all replicas; gathers step counts per worker."""
-        variables = [_tf_variable(v) for v in model.trainable_variables]
+        variables = [tf_variable(v) for v in model.trainable_variables]
         fn = getattr(self, "_average_fn", None)
         if fn is None or fn[0] != [id(v) for v in variables]:
             fn = ([id(v) for v in variables],
@@ -154,15 +154,12 @@ class PolicyRunner:
         return {}
 
 
-def _tf_variable(variable):
+def tf_variable(variable):
+    """The `tf.Variable` behind a Keras variable (or `variable` itself)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
-def _dense(grads):
+def dense_gradients(grads):
+    """Gradients as dense tensors (IndexedSlices densified)."""
     return [tf.convert_to_tensor(g) for g in grads]
 
-
-def _slots(optimizer):
-    """The optimizer's per-parameter variables (not its step counter or learning rate)."""
-    skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
-    return [v for v in optimizer.variables if id(v) not in skip]
