@@ -1,7 +1,8 @@
 """Sync policies in Keras `fit` on logical-CPU replicas, against numpy references.
 
 The model is a bias-free linear layer with MSE loss (a quadratic) trained with
-plain SGD; `reference.py` implements each paper's update rule independently.
+plain SGD (the harness); `reference.py` implements each paper's update rule
+independently. Gossip has its own file.
 """
 
 import dataclasses
@@ -13,59 +14,14 @@ import pytest
 import tfdist_ext
 from tfdist_ext import sync
 from tests.sync import reference
-
-FEATURES, PER_REPLICA, LR = 5, 4, 0.05
-
-
-def _data(steps, num):
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=(steps * num * PER_REPLICA, FEATURES))
-    y = x @ rng.normal(size=(FEATURES, 1)) + 0.3 * rng.normal(size=(len(x), 1))
-    return x, y
-
-
-def _rows(x, y, num):
-    batch = num * PER_REPLICA
-
-    def rows(t, i):
-        lo = t * batch + i * PER_REPLICA
-        return x[lo:lo + PER_REPLICA], y[lo:lo + PER_REPLICA]
-
-    return rows
-
-
-def fit(policy, steps=6, num=2, epochs=1, momentum=0.0, **strategy_args):
-    """Trains; returns (w0, per-step per-replica weights, final weights, strategy)."""
-    x, y = _data(steps, num)
-    strategy = tfdist_ext.Strategy(sync=policy, num_replicas=num, **strategy_args)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((FEATURES,)),
-                                  keras.layers.Dense(1, use_bias=False)])
-        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=momentum), loss="mse")
-    w0 = model.get_weights()[0].astype(np.float64)
-    history = []
-
-    class Record(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            variable = model.trainable_variables[0].value
-            history.append([c.numpy().astype(np.float64) for c in variable.values])
-
-    model.fit(x.astype("float32"), y.astype("float32"), batch_size=num * PER_REPLICA,
-              epochs=epochs, shuffle=False, verbose=0, callbacks=[Record()])
-    final = [c.numpy().astype(np.float64)
-             for c in model.trainable_variables[0].value.values]
-    return w0, history, final, strategy, _rows(x, y, num)
-
-
-def _close(actual, expected):
-    np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=2e-6)
+from tests.sync.harness import FEATURES, LR, PER_REPLICA, close, data, fit
 
 
 def test_synchronous_reference_matches_fit():
     # Checks the harness itself (row layout, loss scaling) against Keras' own path.
     w0, history, final, _, rows = fit("sync")
     expected = reference.synchronous(w0, rows, 6, 2, LR)
-    _close(final, expected)
+    close(final, expected)
 
 
 @pytest.mark.parametrize("warmup", [0, 2])
@@ -75,7 +31,7 @@ def test_local_sgd_differs_between_and_is_equal_after_averaging(warmup):
                                                            warmup_steps=warmup), steps)
     expected = reference.local_sgd(w0, rows, steps, 2, LR, period, warmup)
     for t in range(steps):
-        _close(history[t], expected[t])
+        close(history[t], expected[t])
         averaged = t < warmup or (t + 1) % period == 0
         if averaged:  # exactly equal, not just close
             np.testing.assert_array_equal(history[t][0], history[t][1])
@@ -110,9 +66,9 @@ def test_delayed_averaging_follows_the_paper(delay, engine):
                                              engine=engine)
     expected, drained = reference.delayed_averaging(w0, rows, steps, 2, LR, delay)
     for t in range(steps):
-        _close(history[t], expected[t])
+        close(history[t], expected[t])
     assert np.abs(history[-1][0] - history[-1][1]).max() > 1e-4  # replicas differ ...
-    _close(final, [drained, drained])  # ... until the drain
+    close(final, [drained, drained])  # ... until the drain
     np.testing.assert_array_equal(final[0], final[1])
     stats = strategy.communication_stats()
     assert stats["sync_rounds"] == stats["reductions"] == steps
@@ -169,8 +125,8 @@ def test_stale_synchronous_follows_ssp(staleness, engine):
                                              steps, num=3, engine=engine)
     expected, drained = reference.stale_synchronous(w0, rows, steps, 3, LR, staleness)
     for t in range(steps):
-        _close(history[t], expected[t])
-    _close(final, [drained] * 3)
+        close(history[t], expected[t])
+    close(final, [drained] * 3)
     inflight = type(strategy.sync_runner.inflight).__name__
     assert inflight == {"ucx": "InflightTickets", "tf": "InflightReductions"}[engine]
     stats = strategy.communication_stats()
@@ -187,7 +143,7 @@ def test_model_averaging_follows_crossbow():
     expected = reference.model_averaging(w0, rows, steps, 2, LR, learners,
                                          1.0 / (2 * learners), momentum)
     for t in range(steps):
-        _close(history[t], [expected[t]] * 2)
+        close(history[t], [expected[t]] * 2)
     assert strategy.communication_stats()["sync_rounds"] == steps
 
 
@@ -203,7 +159,7 @@ def test_drain_at_every_epoch_keeps_training_consistent(engine):
 
 @pytest.mark.parametrize("average_slots", [True, False])
 def test_local_sgd_averages_optimizer_slots_when_asked(average_slots):
-    x, y = _data(6, 2)
+    x, y = data(6, 2)
     strategy = tfdist_ext.Strategy(sync=sync.LocalSGD(period=3, average_slots=average_slots),
                                    num_replicas=2)
     with strategy.scope():
@@ -219,7 +175,7 @@ def test_local_sgd_averages_optimizer_slots_when_asked(average_slots):
 
 def test_compressed_local_sgd_averages_slots_exactly_and_counts_them():
     """Momentum is averaged uncompressed (error feedback on momentum diverges)."""
-    x, y = _data(6, 2)
+    x, y = data(6, 2)
     strategy = tfdist_ext.Strategy(sync=sync.LocalSGD(period=3), num_replicas=2,
                                    compression={"name": "topk", "ratio": 0.4})
     with strategy.scope():
@@ -258,7 +214,7 @@ def test_local_sgd_sends_compressed_parameter_changes(warmup):
     expected = reference.local_sgd_compressed(
         w0, rows, steps, num, LR, period, reference.top_k_feedback(2), warmup)
     for t in range(steps):
-        _close(history[t], expected[t])
+        close(history[t], expected[t])
     plain = reference.local_sgd(w0, rows, steps, num, LR, period, warmup)
     assert np.abs(np.asarray(expected[-1]) - np.asarray(plain[-1])).max() > 1e-3
     residuals = strategy.state.residuals
@@ -279,8 +235,8 @@ def test_compressed_local_sgd_re_anchors_at_the_epoch_drain():
         w0, lambda t, i: rows(t % steps, i), 2 * steps, num, LR, period,
         reference.top_k_feedback(2), drain_every=steps)
     for t in range(2 * steps):
-        _close(history[t], expected[t])
-    _close(final, [np.mean(expected[-1], axis=0)] * num)
+        close(history[t], expected[t])
+    close(final, [np.mean(expected[-1], axis=0)] * num)
 
 
 def test_local_sgd_with_a_lossless_compressor_is_plain_local_sgd():
@@ -289,7 +245,7 @@ def test_local_sgd_with_a_lossless_compressor_is_plain_local_sgd():
                                   compression={"name": "topk", "ratio": 1.0})
     expected = reference.local_sgd(w0, rows, steps, 3, LR, period)
     for t in range(steps):
-        _close(history[t], expected[t])
+        close(history[t], expected[t])
 
 
 def test_local_sgd_refuses_dgc_momentum_correction():
@@ -315,12 +271,12 @@ def test_outer_optimizers_follow_diloco(policy, kind, outer_lr, momentum):
         w0, rows, steps, num, LR, 3, reference.exact,
         outer=reference.outer_step(kind, outer_lr, momentum))
     for t in range(steps):
-        _close(history[t], expected[t])
+        close(history[t], expected[t])
     if momentum == 0 and outer_lr == 1.0:  # no momentum, rate 1: the plain average
         plain = reference.local_sgd(w0, rows, steps, num, LR, 3)
         for t in range(steps):
-            _close(history[t], plain[t])
-    _close(final, [np.mean(history[-1], axis=0)] * num)  # the drain at the end of fit
+            close(history[t], plain[t])
+    close(final, [np.mean(history[-1], axis=0)] * num)  # the drain at the end of fit
     velocity = strategy.state.residuals["local_sgd_outer_0"]
     assert len(velocity) == num and np.abs(velocity[0].numpy()).max() > 0
 
@@ -360,93 +316,3 @@ def test_diloco_refuses_a_compressor():
 def test_outer_optimizer_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         sync.get({"name": "diloco", **options})
-
-
-@pytest.mark.parametrize("num, options", [
-    (2, {}),
-    (3, {}),
-    (4, {"peers": 2}),
-    (5, {"topology": "ring", "peers": 2, "mixing": 0.25}),
-    (5, {"topology": "random", "peers": 2, "seed": 3}),
-    (3, {"topology": "ring", "mixing": 0.5}),
-])
-def test_gossip_follows_d_psgd_on_the_graph_sequence(num, options):
-    steps = 7
-    policy = sync.Gossip(**options)
-    w0, history, final, strategy, rows = fit(policy, steps, num=num)
-    expected = reference.gossip(w0, rows, steps, num, LR, policy.shift_table(num),
-                                policy.weight)
-    for t in range(steps):
-        _close(history[t], expected[t])
-    if num > 2:  # two replicas mixing half and half are averaged every step
-        assert np.abs(np.asarray(history[-1][0]) - np.asarray(history[-1][1])).max() > 1e-6
-    _close(final, [np.mean(history[-1], axis=0)] * num)  # one model after fit
-    stats = strategy.communication_stats()
-    spread = np.sqrt(np.mean([np.sum((w - np.mean(history[-1], axis=0)) ** 2)
-                              for w in history[-1]]))
-    np.testing.assert_allclose(stats["consensus_distance"], spread, rtol=1e-4)
-    assert stats["sync_rounds"] == steps and stats["reductions"] == steps
-    # p peers x 5 float32 parameters per step, no all-reduce.
-    assert stats["bytes_sent"] == steps * policy.peers * 5 * 4
-
-
-@pytest.mark.parametrize("mix_slots", [False, True])
-def test_gossip_with_momentum_mixes_the_momentum_only_when_asked(mix_slots):
-    steps, num, momentum = 7, 3, 0.9
-    policy = sync.Gossip(mix_slots=mix_slots)
-    w0, history, _, strategy, rows = fit(policy, steps, num=num, momentum=momentum)
-    table = policy.shift_table(num)
-    expected = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum,
-                                mix_slots)
-    other = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum,
-                             not mix_slots)
-    for t in range(steps):
-        _close(history[t], expected[t])
-    assert np.abs(np.asarray(expected[-1]) - np.asarray(other[-1])).max() > 1e-4
-    # Parameters, and with mix_slots the momentum: 5 float32 each, one peer per step.
-    assert strategy.communication_stats()["bytes_sent"] == steps * 5 * 4 * (1 + mix_slots)
-
-
-def test_gossip_without_mixing_is_independent_training():
-    steps, num = 6, 3
-    w0, history, _, _, rows = fit(sync.Gossip(mixing=0.0), steps, num=num)
-    expected = reference.gossip(w0, rows, steps, num, LR, [[1]], 0.0)
-    for t in range(steps):
-        _close(history[t], expected[t])
-
-
-@pytest.mark.parametrize("options, message", [
-    ({"topology": "star"}, r"Argument `topology` must be one of 'exponential', 'ring', "
-                           r"'random'; received 'star'\."),
-    ({"topology": "ring", "peers": 3}, r"Argument `peers` must be 1 or 2 with "
-                                       r"topology='ring'"),
-    ({"peers": 2, "mixing": 0.6}, r"Argument `mixing` must be in \[0, 1 / peers\] = "
-                                  r"\[0, 0\.5\]; received 0\.6\."),
-    ({"peers": 0}, r"Argument `peers` must be an integer >= 1; received 0\."),
-    ({"mix_slots": "yes"}, r"Argument `mix_slots` must be True or False; received 'yes'\."),
-])
-def test_gossip_options_are_checked(options, message):
-    with pytest.raises(ValueError, match=message):
-        sync.get({"name": "gossip", **options})
-
-
-def test_gossip_refuses_a_single_replica():
-    with pytest.raises(ValueError, match=r"sync='gossip' needs at least 2 replicas to exchange "
-                                         r"parameters; this strategy has 1\. Launch more"):
-        fit(sync.Gossip(), 2, num=1)
-
-
-def test_gossip_refuses_more_peers_than_the_graph_has():
-    with pytest.raises(ValueError, match=r"Argument `peers` = 2 is more than "
-                                         r"topology='exponential' offers with 2 replicas"):
-        fit(sync.Gossip(peers=2), 2, num=2)
-
-
-def test_gossip_on_the_graph_engine():
-    steps, num = 5, 3
-    policy = sync.Gossip(topology="random", peers=2, seed=1)
-    w0, history, _, _, rows = fit(policy, steps, num=num, engine="tf")
-    expected = reference.gossip(w0, rows, steps, num, LR, policy.shift_table(num),
-                                policy.weight)
-    for t in range(steps):
-        _close(history[t], expected[t])
