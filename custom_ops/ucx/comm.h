@@ -142,18 +142,6 @@ class Comm {
   std::thread thread_;
 };
 
-// The process's UCP context (tag matching and wake-up), created on first use;
-// null with `error` set when UCX cannot start. Shared with mailbox.h.
-ucp_context_h SharedContext(std::string* error);
-
-// Creates a UCP worker on the shared context and fetches its event descriptor
-// (-1 where the transports raise no events). Returns "" or the problem.
-std::string CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd);
-
-// Sleeps until `worker` has an event or `timeout_ms` passed; without an event
-// descriptor (or when arming answers busy), sleeps 100 us instead.
-void WaitForEvent(ucp_worker_h worker, int event_fd, int timeout_ms);
-
 // Process-wide table of communicators, addressed by the int64 handle the ops take.
 int64_t Register(std::shared_ptr<Comm> comm);
 std::shared_ptr<Comm> Lookup(int64_t handle);

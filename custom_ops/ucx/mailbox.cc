@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "ucx/comm.h"
 #include "ucx/handles.h"
+#include "ucx/worker.h"
 
 namespace tfdist_ucx {
 namespace {
