@@ -161,6 +161,27 @@ def test_emulated_hosts_share_an_address_and_hierarchical_discovers_them(tmp_pat
     assert _state() <= before, out
 
 
+@needs_latency
+@pytest.mark.multiworker
+def test_parameter_servers_get_a_shaped_host_of_their_own(tmp_path):
+    before = _state()
+    launcher = _launch("-np", 2, "--ps", 1, "--timeout", 120, "--link-bandwidth", "50mbit",
+                       "--link-latency", "10ms", "--", sys.executable,
+                       ROOT / "tests/workers/async_checks.py", tmp_path, "shaped")
+    out, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, out
+    assert "2 namespaces and 1 for parameter servers" in out, out
+    results = read_worker_json(tmp_path, 2)
+    workers = {r["address"] for r in results}
+    for r in results:
+        server = r["ps"][0].split(":")[0]
+        assert server.startswith(netbed.SUBNET_PREFIX) and server not in workers, r
+        # Each async step pushes a gradient to the server and pulls the parameters back:
+        # at least one 20 ms round trip through the server's delay line.
+        assert r["step_seconds"] >= 0.02 and r["stats"]["async_steps"] == 8, r
+    assert _state() <= before, out
+
+
 @needs_netbed
 @pytest.mark.parametrize("how, code, latency", [
     ("sigint", 130, []), ("timeout", 124, []),
@@ -277,7 +298,9 @@ def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
     (["--link-latency", "0:0=5ms"], "or delays per pair of hosts such as 0:1=100ms,0:2=30ms"),
     (["--link-latency", "0:2=5ms"], "argument --link-latency: the pair 0:2 names host 2, but "
                                     "there are 2 hosts (0..1; each worker is one without "
-                                    "-H HxW)"),
+                                    "-H HxW, and each --ps server one after them)"),
+    (["--ps", "1", "--link-latency", "0:3=5ms"], "the pair 0:3 names host 3, but there are 3 "
+                                                 "hosts (0..2;"),
     (["--check"], "argument --check: needs --link-bandwidth, --link-latency or -H HxW, "
                   "and two workers on different hosts"),
     (["-H", "2x0"], "the layout HxW needs H >= 1 hosts and W >= 1 workers per host"),

@@ -13,6 +13,9 @@ serves and exits. Modes:
   worker at learning rate 0: the restored momentum alone moves the weights. Writes per session
   the weights' digest, stats, losses, weights, momentum slots and the
   evaluation loss to OUT_DIR/w<index>.json.
+* ``shaped``: one async session of 8 steps (under the network test bed);
+  writes the "ps" addresses, this worker's address, the median step time and
+  the stats to OUT_DIR/w<index>.json.
 * ``kill_server``: the "ps" task writes its pid to OUT_DIR/ps.pid; worker 0
   kills it with SIGKILL at step 3 of a long fit.
 """
@@ -95,6 +98,32 @@ def session(policy, index, num_workers, out, steps=STEPS, epochs=EPOCHS, restore
             "restored": restored if restore else None}
 
 
+class StepTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seconds, self._start = [], None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seconds.append(time.monotonic() - self._start)
+
+
+def shaped(index, num_workers, out):
+    strategy = tfdist_ext.Strategy(sync="async")
+    train, _ = data(num_workers)
+    with strategy.scope():
+        model = build(0.05)
+    times = StepTimes()
+    model.fit(train, epochs=1, steps_per_epoch=8, verbose=0, callbacks=[times])
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    (out / f"w{index}.json").write_text(json.dumps({
+        "ps": cluster["ps"], "address": cluster["worker"][index].split(":")[0],
+        "step_seconds": float(np.median(times.seconds[2:])),
+        "stats": strategy.communication_stats()}))
+
+
 def main():
     out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
     task, index, num_workers = config()
@@ -112,6 +141,9 @@ def main():
                     os.kill(int((out / "ps0.pid").read_text()), signal.SIGKILL)
 
         model.fit(train, epochs=1, steps_per_epoch=10_000, verbose=0, callbacks=[Kill()])
+        return
+    if mode == "shaped":
+        shaped(index, num_workers, out)
         return
     checkpoint = str(out / "session1.keras")
     results = [session("async", index, num_workers, out, checkpoint=checkpoint),

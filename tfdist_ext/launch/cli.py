@@ -97,7 +97,8 @@ def _run_shaped(args, command, launcher, layout) -> int:
     """Builds the test bed, optionally checks it, runs the job, always tears down."""
     latency = linkspec.parse_latency(args.link_latency) if args.link_latency else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
-                        latency=latency, num_hosts=layout[0] if layout else None)
+                        latency=latency, num_hosts=layout[0] if layout else None,
+                        num_servers=args.num_servers)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with bed:
@@ -131,7 +132,9 @@ def build_parser():
     parser.add_argument("--ps", dest="num_servers", type=_positive(int, 0), default=0,
                         metavar="M",
                         help="also start M parameter servers (TF_CONFIG job \"ps\", same "
-                             "command) for Strategy(sync='async'); not counted in -np")
+                             "command) for Strategy(sync='async'); not counted in -np. "
+                             "With --link-* or -H HxW each server gets a host of its own "
+                             "(numbered after the workers' hosts)")
     parser.add_argument("-H", "--hosts", type=_hosts, default=None,
                         metavar="localhost:N|HxW",
                         help="Horovod's spelling, for this machine only: N slots; -np "
@@ -193,20 +196,18 @@ def main(argv=None) -> int:
                      f"{args.num_workers}) or lower -np")
     if args.link_latency is not None:
         pairs = linkspec.parse_latency(args.link_latency)
-        count = layout[0] if layout else args.num_workers
+        count = (layout[0] if layout else args.num_workers) + args.num_servers
         for a, b in pairs if isinstance(pairs, dict) else ():
             if max(a, b) >= count:
                 parser.error(f"argument --link-latency: the pair {a}:{b} names host "
                              f"{max(a, b)}, but there are {count} hosts (0..{count - 1}; "
-                             f"each worker is one without -H HxW)")
+                             f"each worker is one without -H HxW, and each --ps server "
+                             f"one after them)")
     shaped = (args.link_bandwidth is not None or args.link_latency is not None
               or layout is not None)
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
         parser.error("argument --check: needs --link-bandwidth, --link-latency or "
                      "-H HxW, and two workers on different hosts")
-    if args.num_servers and shaped:
-        parser.error("argument --ps: parameter servers do not run on the network test bed "
-                     "yet; drop --link-bandwidth / --link-latency / -H HxW, or --ps")
     if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
     if shaped:

@@ -191,13 +191,15 @@ class Launcher:
     def _start(self):
         ports = free_ports(self.num_workers + self.num_servers)  # also free in a namespace
         hosts = self.network.addresses if self.network else ["127.0.0.1"] * self.num_workers
+        servers = (self.network.server_addresses if self.network
+                   else ["127.0.0.1"] * self.num_servers)
         configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)],
-                             [f"127.0.0.1:{p}" for p in ports[self.num_workers:]])
+                             [f"{h}:{p}" for h, p in zip(servers, ports[self.num_workers:])])
         for number, config in enumerate(configs):
             server = number >= self.num_workers
             index = number - self.num_workers if server else number
             # `ip netns exec` execs the command: the pid and process group stay the same.
-            command = (self.network.wrap(index, self.command) if self.network and not server
+            command = (self.network.wrap(index, self.command, server=server) if self.network
                        else self.command)
             env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
                        TFDIST_RESTART=str(self.restarts), **self.env)

@@ -175,25 +175,32 @@ class NetBed:
             its address; workers of one host talk over its loopback, unshaped and
             undelayed, and only traffic between hosts crosses the shaped links.
             Defaults to one host per worker.
+        num_servers: Parameter servers, each on a host of its own after the
+            workers' hosts (host ``num_hosts + j`` for server j; `latency` pairs
+            may name them), its links shaped and delayed like a worker host's.
 
     Use `with NetBed(...) as bed:` or `setup()` / `teardown()`; `bed.addresses[i]`
-    is worker i's IPv4 address and `bed.wrap(i, argv)` runs argv inside its namespace.
+    is worker i's IPv4 address and `bed.wrap(i, argv)` runs argv inside its namespace;
+    `bed.server_addresses[j]` and `bed.wrap(j, argv, server=True)` for server j.
     """
 
     def __init__(self, num_workers: int, rate: Optional[str], log=None,
-                 latency: Optional[float] = None, num_hosts: Optional[int] = None):
+                 latency: Optional[float] = None, num_hosts: Optional[int] = None,
+                 num_servers: int = 0):
         num_hosts = num_workers if num_hosts is None else num_hosts
-        if not 1 <= num_hosts <= 253:
-            raise ValueError(f"NetBed: `num_hosts` must be 1..253 (one /24); "
-                             f"received {num_hosts}")
+        if not 1 <= num_hosts <= 253 or not 0 <= num_servers <= 253 - num_hosts:
+            raise ValueError(f"NetBed: `num_hosts` + `num_servers` must be 1..253 (one /24, "
+                             f"at least one worker host); received {num_hosts} + "
+                             f"{num_servers}")
         if num_workers < 1 or num_workers % num_hosts:
             raise ValueError(f"NetBed: `num_workers` must be a positive multiple of "
                              f"`num_hosts` ({num_hosts}); received {num_workers}")
         pairs = latency if isinstance(latency, dict) else {}
+        total = num_hosts + num_servers
         for (a, b), seconds in pairs.items():
-            if not (0 <= a < num_hosts and 0 <= b < num_hosts and a != b):
+            if not (0 <= a < total and 0 <= b < total and a != b):
                 raise ValueError(f"NetBed: `latency` names the host pair {a}:{b}, but the "
-                                 f"hosts are 0..{num_hosts - 1}; use two different ones")
+                                 f"hosts are 0..{total - 1}; use two different ones")
         for seconds in ([latency] if latency is not None and not pairs else pairs.values()):
             if not 0 <= seconds <= 10:
                 raise ValueError(f"NetBed: `latency` must be 0..10 seconds; received "
@@ -203,9 +210,12 @@ class NetBed:
         self.latency = latency
         self.num_workers = num_workers
         self.num_hosts = num_hosts
+        self.num_servers = num_servers
         self.per_host = num_workers // num_hosts
         self.log = log or (lambda line: None)
         self.addresses: List[str] = []
+        self.server_addresses: List[str] = []
+        self._host_addresses: List[str] = []
         self._created = False
         self._delayers: List[Tuple[int, subprocess.Popen]] = []  # (host, process)
         self._name("%05x" % random.getrandbits(20))
@@ -213,11 +223,13 @@ class NetBed:
     def _name(self, job: str):
         self.job = job  # 5 hex digits: `tfd<job>r<i>` fits the 15-character limit.
         self.bridge = f"tfd{job}"
-        self.namespaces = [f"tfdist-{job}-{h}" for h in range(self.num_hosts)]
+        self.namespaces = [f"tfdist-{job}-{h}"
+                           for h in range(self.num_hosts + self.num_servers)]
 
-    def wrap(self, index: int, argv) -> List[str]:
-        """`argv` run inside worker `index`'s namespace (`ip` execs it: same pid)."""
-        return ["ip", "netns", "exec", self.namespaces[index // self.per_host], *argv]
+    def wrap(self, index: int, argv, server: bool = False) -> List[str]:
+        """`argv` run inside worker (or server) `index`'s namespace (`ip` execs it: same pid)."""
+        host = self.num_hosts + index if server else index // self.per_host
+        return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
     def _shape(self, device: str, netns: Optional[str] = None):
         tc = ["tc", "-n", netns] if netns else ["tc"]
@@ -237,7 +249,7 @@ class NetBed:
             self._name("%05x" % random.getrandbits(20))
         with open(os.path.join(MARKER_DIR, self.job), "w", encoding="utf-8") as f:
             f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
-        self._created, self.addresses = True, []
+        self._created, self.addresses, self.server_addresses = True, [], []
         try:
             used = _subnets_in_use()
             free = [b for b in range(256) if not any(
@@ -247,6 +259,7 @@ class NetBed:
             subnet = f"{SUBNET_PREFIX}.{random.choice(free)}"
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
+            self._host_addresses = [f"{subnet}.{i + 1}" for i in range(len(self.namespaces))]
             for i, netns in enumerate(self.namespaces):  # one per host
                 outer, inner = f"tfd{self.job}r{i}", f"tfd{self.job}n{i}"
                 _run("ip", "netns", "add", netns)
@@ -259,15 +272,20 @@ class NetBed:
                 if self.rate is not None:
                     self._shape(inner, netns)
                     self._shape(outer)
-                self.addresses += [f"{subnet}.{i + 1}"] * self.per_host
+                if i < self.num_hosts:
+                    self.addresses += [f"{subnet}.{i + 1}"] * self.per_host
+                else:
+                    self.server_addresses.append(f"{subnet}.{i + 1}")
             if self.latency is not None:
-                for host in range(self.num_hosts):
+                for host in range(len(self.namespaces)):
                     self._delay(host, f"tfd{self.job}n{host}")
         except BaseException:
             self.teardown()
             raise
         layout = (f"{self.num_workers} namespaces" if self.per_host == 1 else
                   f"{self.num_hosts} hosts (namespaces) of {self.per_host} workers")
+        if self.num_servers:
+            layout += f" and {self.num_servers} for parameter servers"
         self.log(f"network test bed {self.job}: {layout} on {subnet}.0/24, "
                  f"{self.describe()}.")
         return self
@@ -275,7 +293,7 @@ class NetBed:
     def describe(self) -> str:
         """What the links emulate, in words."""
         parts = [f"every link shaped to {self.rate} each way (tc HTB)"] if self.rate else []
-        between = "workers" if self.per_host == 1 else "hosts"
+        between = "workers" if self.per_host == 1 and not self.num_servers else "hosts"
         if isinstance(self.latency, dict):
             parts.append(f"one way between {between} " + ", ".join(
                 f"{a}:{b} {d * 1e3:g} ms" for (a, b), d in sorted(self.latency.items()))
@@ -302,7 +320,7 @@ class NetBed:
         queues what arrives on `device` to them (by sender address when delays differ)."""
         netns = self.namespaces[host]
         by_delay = {}
-        for other in range(self.num_hosts):
+        for other in range(len(self.namespaces)):
             delay = self.delay_between(other, host)
             if other != host and delay > 0:
                 by_delay.setdefault(delay, []).append(other)
@@ -321,7 +339,7 @@ class NetBed:
             line = [sys.executable, "-m", "tfdist_ext.launch.delayer", "--queue", str(queue),
                     "--delay", repr(delay)]
             delayer = subprocess.Popen(
-                self.wrap(host * self.per_host, line),
+                ["ip", "netns", "exec", netns, *line],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=child_env())
             self._delayers.append((host, delayer))
             if delayer.stdout.readline().strip() != "ready":
@@ -329,7 +347,7 @@ class NetBed:
                                   f"start (exit {delayer.wait()}); its error is above")
             # No rule before the line is bound: NFQUEUE drops packets nobody reads.
             matches = [[]] if uniform else [
-                ["-s", self.addresses[other * self.per_host]] for other in sources]
+                ["-s", self._host_addresses[other]] for other in sources]
             for match in matches:
                 _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A",
                      "PREROUTING", "-i", device, *match, "-j", "NFQUEUE", "--queue-num",
@@ -346,6 +364,8 @@ class NetBed:
         return None
 
     def _host_name(self, host: int) -> str:
+        if host >= self.num_hosts:
+            return f"parameter server {host - self.num_hosts}"
         if self.per_host == 1:
             return f"worker {host}"
         workers = range(host * self.per_host, (host + 1) * self.per_host)
