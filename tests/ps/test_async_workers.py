@@ -23,7 +23,7 @@ def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
     code, out, _ = launch(3, [CHECKS, tmp_path, "train"], timeout=300, options=("--ps", "2"))
     assert code == 0, out
     workers = read_worker_json(tmp_path, 3)
-    unbounded, bounded, restored = zip(*workers)
+    unbounded, bounded, restored, batchnorm = zip(*workers)
     for runs in (unbounded, bounded):
         assert len({r["sha"] for r in runs}) == 1, "one model after the barrier"
         for r in runs:
@@ -53,6 +53,9 @@ def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
         for got, w, m in zip(r["weights"], start["weights"], start["slots"]):
             np.testing.assert_allclose(got, np.asarray(w) + 0.875 * np.asarray(m),
                                        rtol=1e-5, atol=1e-6)
+    # BatchNorm statistics stay per worker during fit and are averaged when it returns.
+    assert len({r["sha"] for r in batchnorm}) == 1, batchnorm
+    assert np.abs(np.asarray(batchnorm[0]["moving_mean"])).max() > 0, batchnorm
     assert "parameter server 0, session 0:" in out and "worker 2:" in out
     assert "every worker has left; exiting" in out
 

@@ -13,6 +13,8 @@ serves and exits. Modes:
   worker at learning rate 0: the restored momentum alone moves the weights. Writes per session
   the weights' digest, stats, losses, weights, momentum slots and the
   evaluation loss to OUT_DIR/w<index>.json.
+  A fourth session trains a BatchNormalization model (each worker on rows of
+  its own scale) and records its moving mean and digest.
 * ``shaped``: one async session of 8 steps (under the network test bed);
   writes the "ps" addresses, this worker's address, the median step time and
   the stats to OUT_DIR/w<index>.json.
@@ -124,6 +126,20 @@ def shaped(index, num_workers, out):
         "stats": strategy.communication_stats()}))
 
 
+def batchnorm(index, num_workers):
+    """Async fit of a model with BatchNormalization; each worker sees other rows."""
+    strategy = tfdist_ext.Strategy(sync="async")
+    rng = np.random.default_rng(index)
+    x = (rng.normal(size=(96, 8)) * (1 + index)).astype("float32")
+    train = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).repeat().batch(8 * num_workers)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.BatchNormalization(),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.fit(train, epochs=1, steps_per_epoch=4, verbose=0)
+    return {"moving_mean": model.layers[0].moving_mean.numpy().tolist(), "sha": digest(model)}
+
+
 def main():
     out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
     task, index, num_workers = config()
@@ -150,7 +166,8 @@ def main():
                session({"name": "async", "staleness_bound": num_workers - 1}, index,
                        num_workers, out),
                session("async", index, num_workers, out, steps=1, epochs=1,
-                       restore=checkpoint)]
+                       restore=checkpoint),
+               batchnorm(index, num_workers)]
     (out / f"w{index}.json").write_text(json.dumps(results))
 
 

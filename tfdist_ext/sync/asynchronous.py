@@ -31,7 +31,8 @@ synchronous step, each from one worker's batch: start from the synchronous
 learning rate divided by the number of workers and raise it while accuracy
 holds. A staleness bound (at least workers - 1) trades the stragglers'
 freedom for fresher gradients; delay compensation helps at large staleness.
-Weights other than trainable ones (BatchNorm statistics) stay per worker.
+Weights other than trainable ones (BatchNorm statistics) stay per worker
+during `fit` and are averaged over the workers when it returns.
 """
 
 import dataclasses
@@ -260,10 +261,14 @@ class _AsyncRunner(PolicyRunner):
         self.strategy.keep_logs_local(True)
 
     def on_train_end(self, model):
-        """All workers meet; every replica ends with the servers' final parameters."""
+        """All workers meet; every replica ends with the servers' final parameters.
+
+        The BatchNorm statistics, which stayed per worker, are averaged here.
+        """
         self.strategy.keep_logs_local(False)
         self._pull(model, wire.BARRIER)
         self._pull_state()
+        self.average_buffers(model)
 
     # -- replica context ----------------------------------------------------
 

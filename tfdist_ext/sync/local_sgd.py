@@ -20,7 +20,7 @@ default (`average_slots=True`): without it each replica's momentum drifts with
 its own gradients and the averaged model moves with none of them.
 `average_slots=False` keeps them local, as PyTorch's PostLocalSGDOptimizer
 does, for half the traffic per round. Non-trainable variables (BatchNorm
-statistics) stay local.
+statistics) stay local between averages and are averaged at epoch ends.
 
 With a compressor (`Strategy(sync="local_sgd", compression="powersgd")`)
 a round sends the change since the last average instead of the parameters:

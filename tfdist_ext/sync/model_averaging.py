@@ -153,7 +153,8 @@ class _ModelAveragingRunner(PolicyRunner):
             return tf.nest.map_structure(tf.identity, logs)
 
     def drain(self, model):
-        del model  # the model's variables already hold the central model
+        """The model's variables already hold the central model; BatchNorm statistics are averaged."""
+        self.average_buffers(model)
 
     def stats(self):
         return {"sync_rounds": int(self.rounds.numpy())}

@@ -99,6 +99,40 @@ class PolicyRunner:
         counts = self._average(model, since)
         self._steps_at_drain = steps
         self._check_step_counts(counts, since)
+        self.average_buffers(model)
+
+    def average_buffers(self, model):
+        """Averages the model's floating-point non-trainable variables over all replicas.
+
+        These are BatchNorm's moving statistics (and frozen weights): each replica
+        updates its own from its own batches, so without this the workers would
+        end `fit` with different models. Computed as replica 0's value plus the
+        mean deviation from it, so replicas that agree (frozen weights) keep their
+        value bit for bit. Eager; every replica must call it.
+        """
+        buffers = [tf_variable(v) for v in model.non_trainable_variables
+                   if tf.as_dtype(v.dtype).is_floating]
+        if not buffers:
+            return
+        fn = getattr(self, "_buffers_fn", None)
+        if fn is None or fn[0] != [id(v) for v in buffers]:
+            fn = ([id(v) for v in buffers], tf.function(lambda: self.strategy.run(
+                self._average_buffers_replica, args=(buffers,))))
+            self._buffers_fn = fn
+        fn[1]()
+
+    def _average_buffers_replica(self, buffers):
+        first = self.first_rank + self.local_index() == 0
+        values = [tf.identity(v) for v in buffers]
+        anchors = self.all_reduce_dense(
+            _compat.ReduceOp.SUM, [v if first else tf.zeros_like(v) for v in values])
+        deviations = self.all_reduce_dense(
+            _compat.ReduceOp.SUM, [v - a for v, a in zip(values, anchors)])
+        inverse = 1.0 / self.world_size
+        updates = [b.assign(a + d * tf.cast(inverse, d.dtype))
+                   for b, a, d in zip(buffers, anchors, deviations)]
+        with tf.control_dependencies(updates):
+            return tf.constant(0)
 
     def on_epoch_begin(self, model):
         """Hook: runs at every epoch's start, after every callback's `on_train_begin` (eager)."""
