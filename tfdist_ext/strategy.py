@@ -32,6 +32,7 @@ from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import positive_int, seconds
+from tfdist_ext.sync.runner import BufferAverager
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
@@ -319,6 +320,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             callbacks.append(hooks.MomentumCheck(self.config.compression))
         if self.sync_runner is not None:
             callbacks.append(hooks.SyncCallback(self.sync_runner))
+        elif self.num_replicas_in_sync > 1:
+            if getattr(self, "_buffer_averager", None) is None:
+                self._buffer_averager = BufferAverager(self)
+            callbacks.append(hooks.AverageBuffers(self._buffer_averager))
         if isinstance(self.config.compression, compression.Adaptive):
             if getattr(self, "_adaptive", None) is None:
                 from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel

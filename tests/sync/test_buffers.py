@@ -52,3 +52,25 @@ def test_batchnorm_statistics_are_averaged_and_frozen_weights_kept(policy):
             np.testing.assert_array_equal(values[0], other)
     for component in _replicas(frozen.kernel):  # 3 replicas: a plain mean could round
         np.testing.assert_array_equal(component, kernel)
+
+
+def test_synchronous_training_averages_batchnorm_statistics_at_epoch_ends():
+    strategy = tfdist_ext.Strategy(num_replicas=3)
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(96, 4)) * np.linspace(0.5, 3.0, 96)[:, None]).astype("float32")
+    y = rng.normal(size=(96, 1)).astype("float32")
+    with strategy.scope():
+        norm = keras.layers.BatchNormalization()
+        model = keras.Sequential([keras.Input((4,)), norm, keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(_replicas(norm.moving_variance))
+
+    model.fit(x, y, batch_size=48, epochs=2, shuffle=False, verbose=0, callbacks=[Record()])
+    assert np.abs(seen[-1][0] - seen[-1][2]).max() > 1e-4  # per replica during the epoch
+    final = _replicas(norm.moving_variance)
+    np.testing.assert_allclose(final[0], np.mean(seen[-1], axis=0), rtol=1e-5)
+    assert all(np.array_equal(final[0], f) for f in final[1:])

@@ -220,6 +220,37 @@ class SyncCallback(keras.callbacks.Callback):
         self.runner.on_train_end(self.model)
 
 
+class AverageBuffers(keras.callbacks.Callback):
+    """Averages BatchNorm statistics over the replicas under sync="sync".
+
+    Before evaluation, at epoch ends and at the end of `fit` (when a step ran
+    since the last average), so that every worker evaluates and saves one
+    model; Keras 3 keeps these statistics per replica (`aggregation="none"`).
+    """
+
+    def __init__(self, averager):
+        super().__init__()
+        self.averager = averager
+        self._dirty = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._dirty = True
+
+    def _average(self):
+        if self._dirty:
+            self.averager(self.model)
+            self._dirty = False
+
+    def on_test_begin(self, logs=None):
+        self._average()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._average()
+
+    def on_train_end(self, logs=None):
+        self._average()
+
+
 class MomentumCheck(keras.callbacks.Callback):
     """Refuses to train with momentum twice: in the compressor (DGC) and the optimizer."""
 

@@ -9,8 +9,8 @@ inside Keras' train step (replica context):
   runs several learners per replica);
 * `drain` runs eagerly between epochs, before evaluation and at the end of
   `fit` (from `SyncCallback`): it finishes in-flight communication and leaves
-  every replica with the same weights, so what `fit` evaluates and saves is
-  one model.
+  every replica with the same weights (and BatchNorm statistics,
+  `BufferAverager`), so what `fit` evaluates and saves is one model.
 
 Relaxed policies (`worker_local_logs`) communicate less than once per step, so
 the per-step collectives Keras itself adds in multi-worker `fit` (the
@@ -30,7 +30,74 @@ import tensorflow as tf
 from tfdist_ext import _compat
 
 
-class PolicyRunner:
+class ReplicaOps:
+    """A strategy's replicas as runners see them: ranks and uncounted all-reduces.
+
+    Args:
+        strategy: The owning `tfdist_ext.Strategy`.
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+        self.num_local = len(self.cross_ops._devices)  # pylint: disable=protected-access
+        self.world_size = strategy.num_replicas_in_sync
+        self.first_rank = self.cross_ops.first_rank
+
+    def local_index(self) -> int:
+        """Index of the current replica among this worker's replicas (Python int)."""
+        replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return int(tf.get_static_value(replica_id)) - self.first_rank
+
+    def all_reduce_dense(self, reduce_op, values):
+        """All-reduces tensors from replica context, uncompressed and uncounted."""
+
+        def merge_fn(strategy, *per_replica):
+            with self.cross_ops.dense_reductions():
+                return strategy.extended.batch_reduce_to(
+                    reduce_op, [(v, v) for v in per_replica])
+
+        return tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(values))
+
+
+class BufferAverager(ReplicaOps):
+    """Averages a model's floating-point non-trainable variables over all replicas.
+
+    These are BatchNorm's moving statistics (and frozen weights): each replica
+    updates its own from its own batches, so without this the workers would
+    end `fit` with different models. The mean is computed as replica 0's value
+    plus the mean deviation from it, so replicas that agree (frozen weights)
+    keep their value bit for bit. Call it eagerly, `averager(model)`, at the
+    same point on every worker.
+    """
+
+    def __call__(self, model):
+        buffers = [tf_variable(v) for v in model.non_trainable_variables
+                   if tf.as_dtype(v.dtype).is_floating]
+        if not buffers or self.world_size == 1:
+            return
+        fn = getattr(self, "_fn", None)
+        if fn is None or fn[0] != [id(v) for v in buffers]:
+            fn = ([id(v) for v in buffers], tf.function(lambda: self.strategy.run(
+                self._replica, args=(buffers,))))
+            self._fn = fn
+        fn[1]()
+
+    def _replica(self, buffers):
+        first = self.first_rank + self.local_index() == 0
+        values = [tf.identity(v) for v in buffers]
+        anchors = self.all_reduce_dense(
+            _compat.ReduceOp.SUM, [v if first else tf.zeros_like(v) for v in values])
+        deviations = self.all_reduce_dense(
+            _compat.ReduceOp.SUM, [v - a for v, a in zip(values, anchors)])
+        inverse = 1.0 / self.world_size
+        updates = [b.assign(a + d * tf.cast(inverse, d.dtype))
+                   for b, a, d in zip(buffers, anchors, deviations)]
+        with tf.control_dependencies(updates):
+            return tf.constant(0)
+
+
+class PolicyRunner(ReplicaOps):
     """Base class of the runners of the sync policies.
 
     Args:
@@ -41,19 +108,11 @@ class PolicyRunner:
     worker_local_logs = True
 
     def __init__(self, strategy):
-        self.strategy = strategy
-        self.cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
-        self.num_local = len(self.cross_ops._devices)  # pylint: disable=protected-access
-        self.world_size = strategy.num_replicas_in_sync
-        self.first_rank = self.cross_ops.first_rank
+        super().__init__(strategy)
+        self.average_buffers = BufferAverager(strategy)
         self._steps_at_drain = None
 
     # -- replica context -------------------------------------------------
-
-    def local_index(self) -> int:
-        """Index of the current replica among this worker's replicas (Python int)."""
-        replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
-        return int(tf.get_static_value(replica_id)) - self.first_rank
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         """Replaces Keras' all-reduce-and-apply step; default: apply local gradients.
@@ -76,16 +135,6 @@ class PolicyRunner:
             optimizer._distributed_tf_update_step,  # pylint: disable=protected-access
             self.strategy, list(zip(grads, tf_variables)), learning_rate)
 
-    def all_reduce_dense(self, reduce_op, values):
-        """All-reduces tensors from replica context, uncompressed and uncounted."""
-
-        def merge_fn(strategy, *per_replica):
-            with self.cross_ops.dense_reductions():
-                return strategy.extended.batch_reduce_to(
-                    reduce_op, [(v, v) for v in per_replica])
-
-        return tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(values))
-
     # -- eager, between steps ----------------------------------------------
 
     def on_train_begin(self, model):
@@ -100,39 +149,6 @@ class PolicyRunner:
         self._steps_at_drain = steps
         self._check_step_counts(counts, since)
         self.average_buffers(model)
-
-    def average_buffers(self, model):
-        """Averages the model's floating-point non-trainable variables over all replicas.
-
-        These are BatchNorm's moving statistics (and frozen weights): each replica
-        updates its own from its own batches, so without this the workers would
-        end `fit` with different models. Computed as replica 0's value plus the
-        mean deviation from it, so replicas that agree (frozen weights) keep their
-        value bit for bit. Eager; every replica must call it.
-        """
-        buffers = [tf_variable(v) for v in model.non_trainable_variables
-                   if tf.as_dtype(v.dtype).is_floating]
-        if not buffers:
-            return
-        fn = getattr(self, "_buffers_fn", None)
-        if fn is None or fn[0] != [id(v) for v in buffers]:
-            fn = ([id(v) for v in buffers], tf.function(lambda: self.strategy.run(
-                self._average_buffers_replica, args=(buffers,))))
-            self._buffers_fn = fn
-        fn[1]()
-
-    def _average_buffers_replica(self, buffers):
-        first = self.first_rank + self.local_index() == 0
-        values = [tf.identity(v) for v in buffers]
-        anchors = self.all_reduce_dense(
-            _compat.ReduceOp.SUM, [v if first else tf.zeros_like(v) for v in values])
-        deviations = self.all_reduce_dense(
-            _compat.ReduceOp.SUM, [v - a for v, a in zip(values, anchors)])
-        inverse = 1.0 / self.world_size
-        updates = [b.assign(a + d * tf.cast(inverse, d.dtype))
-                   for b, a, d in zip(buffers, anchors, deviations)]
-        with tf.control_dependencies(updates):
-            return tf.constant(0)
 
     def on_epoch_begin(self, model):
         """Hook: runs at every epoch's start, after every callback's `on_train_begin` (eager)."""
