@@ -39,21 +39,55 @@ POLICIES = {
     # Exact averaging every step with per-replica optimizer state (and with averaged slots):
     "lsgd1": {"name": "local_sgd", "period": 1, "average_slots": False},
     "lsgd1_slots": {"name": "local_sgd", "period": 1},
+    "lsgd2": {"name": "local_sgd", "period": 2, "average_slots": False},
     "diloco": {"name": "diloco", "period": 8},
 }
+
+
+CONFIGS = "sync,async"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default="sync,async")
+    parser.add_argument("--configs", default=CONFIGS)
     parser.add_argument("--optimizer", default="sgd", choices=sorted(RECIPES))
     parser.add_argument("--momentum", default=None, help="SGD momentum (example: 0.9)")
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"],
+                        help="learning-rate schedule (cosine: decays to 0 over the run)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--records", default=None,
+                        help="comma-separated --json files of earlier runs: summarize (and "
+                             "plot) their records instead of running")
+    parser.add_argument("--plot", default=None, help="PNG of every run's accuracy per config")
     return parser.parse_args(argv)
+
+
+def recipe(args):
+    """The optimizer and schedule of a run, e.g. 'sgd_momentum_0.9' or 'adam, cosine'."""
+    args = dict(args)
+    name = args["optimizer"] + (f"_momentum_{args['momentum']}" if args.get("momentum") else "")
+    schedule = args.get("schedule", "constant")
+    return name if schedule == "constant" else f"{name}, {schedule}"
+
+
+def load(paths, configs=None):
+    """Records of earlier --json files, each tagged with its recipe; a (recipe, config, seed)
+    seen in an earlier file is skipped (runs are deterministic per seed)."""
+    records, seen = [], set()
+    for path in paths:
+        data = json.loads(pathlib.Path(path).read_text())
+        for record in data["records"]:
+            record = dict(record)
+            record.setdefault("optimizer", recipe(data["args"]) if "args" in data else "?")
+            key = (record["optimizer"], record["config"], record["seed"])
+            if key not in seen and (configs is None or record["config"] in configs):
+                seen.add(key)
+                records.append(record)
+    return records
 
 
 def run(config, seed, args, out_dir):
@@ -64,7 +98,8 @@ def run(config, seed, args, out_dir):
     command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers), *servers,
                "--timeout", str(args.timeout), sys.executable, str(EXAMPLE), *recipe,
                "--sync", policy if isinstance(policy, str) else json.dumps(policy),
-               "--epochs", str(args.epochs), "--seed", str(seed), "--verbose", "0",
+               "--epochs", str(args.epochs), "--schedule", args.schedule, "--seed", str(seed),
+               "--verbose", "0",
                "--json", str(path)]
     subprocess.run(command, cwd=ROOT, check=True)
     result = json.loads(pathlib.Path(str(path).format(worker=0)).read_text())
@@ -75,30 +110,79 @@ def run(config, seed, args, out_dir):
                           if k.startswith("staleness") or k.startswith("async")}}
 
 
+def summarize(records):
+    """Per recipe and config: mean accuracy, points against `sync` of the same recipe, and
+    the standard error of that difference (runs of one config as independent samples)."""
+    summary = []
+    for name in dict.fromkeys(r["optimizer"] for r in records):
+        group = [r for r in records if r["optimizer"] == name]
+        base = [r["accuracy"] for r in group if r["config"] == "sync"]
+        for config in dict.fromkeys(r["config"] for r in group):
+            rows = [r for r in group if r["config"] == config]
+            accuracy = [r["accuracy"] for r in rows]
+            row = {"recipe": name, "config": config, "seeds": [r["seed"] for r in rows],
+                   "accuracy_mean": float(np.mean(accuracy)), "accuracy_runs": accuracy,
+                   "points_vs_sync": float(100 * (np.mean(accuracy) - np.mean(base)))
+                   if base else None,
+                   "mb_sent_per_worker": float(np.mean([r["mb_sent"] for r in rows]))}
+            if len(base) > 1 and len(accuracy) > 1:
+                row["points_standard_error"] = float(100 * np.sqrt(
+                    np.var(accuracy, ddof=1) / len(accuracy) + np.var(base, ddof=1) / len(base)))
+            if all("fit_seconds" in r for r in rows):
+                row["fit_seconds_median"] = float(np.median([r["fit_seconds"] for r in rows]))
+            summary.append(row)
+            versus = ("" if row["points_vs_sync"] is None else
+                      f" {row['points_vs_sync']:+.1f} points"
+                      + (f" (+-{row['points_standard_error']:.1f})"
+                         if "points_standard_error" in row else ""))
+            print(f"{name:<22} {config:<13} accuracy {row['accuracy_mean']:.3f} over "
+                  f"{len(rows)} seeds ({', '.join(f'{a:.3f}' for a in accuracy)}){versus}, "
+                  f"{row['mb_sent_per_worker']:.1f} MB/worker")
+    return summary
+
+
+def plot(records, path, title):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    names = list(dict.fromkeys(r["optimizer"] for r in records))
+    groups = [(n, c) for n in names for c in sorted(
+        {r["config"] for r in records if r["optimizer"] == n}, key=lambda c: (c != "sync", c))]
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(groups)), 4.5))
+    for i, (name, config) in enumerate(groups):
+        accuracy = [r["accuracy"] for r in records
+                    if r["optimizer"] == name and r["config"] == config]
+        ax.scatter([i] * len(accuracy), accuracy, s=14, alpha=0.7,
+                   color=f"C{names.index(name)}",
+                   label=name if config == groups[[g[0] for g in groups].index(name)][1]
+                   else None)
+        ax.hlines(np.mean(accuracy), i - 0.3, i + 0.3, color="black")
+    ax.set_xticks(range(len(groups)), [c for _, c in groups], rotation=45, ha="right",
+                  fontsize=8)
+    ax.legend(fontsize=8)
+    ax.set_ylabel("test accuracy (dots: seeds, bar: mean)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    records = []
-    with tempfile.TemporaryDirectory() as out_dir:
-        for seed in map(int, args.seeds.split(",")):
-            for config in args.configs.split(","):
-                records.append(run(config, seed, args, out_dir))
-                print(json.dumps(records[-1]), flush=True)
-    summary = []
-    base = np.mean([r["accuracy"] for r in records if r["config"] == "sync"] or [np.nan])
-    for config in args.configs.split(","):
-        rows = [r for r in records if r["config"] == config]
-        accuracy = [r["accuracy"] for r in rows]
-        summary.append({"config": config, "accuracy_mean": float(np.mean(accuracy)),
-                        "accuracy_runs": accuracy,
-                        "points_vs_sync": float(100 * (np.mean(accuracy) - base)),
-                        "mb_sent_per_worker": float(np.mean([r["mb_sent"] for r in rows])),
-                        "fit_seconds_median": float(np.median([r["fit_seconds"]
-                                                               for r in rows]))})
-        row = summary[-1]
-        print(f"{config:<14} accuracy {row['accuracy_mean']:.3f} "
-              f"({', '.join(f'{a:.3f}' for a in accuracy)}) {row['points_vs_sync']:+.1f} "
-              f"points, {row['mb_sent_per_worker']:.1f} MB/worker, "
-              f"fit {row['fit_seconds_median']:.0f} s")
+    if args.records:
+        records = load(args.records.split(","),
+                       args.configs.split(",") if args.configs != CONFIGS else None)
+    else:
+        records = []
+        with tempfile.TemporaryDirectory() as out_dir:
+            for seed in map(int, args.seeds.split(",")):
+                for config in args.configs.split(","):
+                    records.append(dict(run(config, seed, args, out_dir),
+                                        optimizer=recipe(vars(args))))
+                    print(json.dumps(records[-1]), flush=True)
+    summary = summarize(records)
+    if args.plot:
+        plot(records, args.plot, f"mnist1d CNN, {args.workers} workers")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"args": vars(args), "summary": summary, "records": records}, indent=1))

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT
@@ -97,3 +98,26 @@ def test_adaptive_benchmark_tiny(tmp_path):
     assert rows["adaptive"]["choices"]  # it probed and decided in epoch 1
     summary = {row["config"]: row for row in data["summary"]}
     assert summary["sync"]["vs_dense"] == 1.0
+
+
+@pytest.mark.multiworker
+def test_sync_accuracy_benchmark_tiny(tmp_path):
+    first = tmp_path / "a.json"
+    _run("sync_accuracy.py", "--workers", "2", "--seeds", "0", "--configs", "gossip",
+         "--epochs", "1", "--json", str(first))
+    run = json.loads(first.read_text())
+    assert run["records"][0]["optimizer"] == "sgd" and run["records"][0]["mb_sent"] > 0
+    # Summarizing earlier files: recipes kept apart, duplicates skipped, a PNG drawn.
+    earlier = tmp_path / "b.json"
+    earlier.write_text(json.dumps({"records": [
+        {"config": c, "seed": s, "accuracy": a, "mb_sent": 1.0, "optimizer": "sgd"}
+        for c, s, a in (("sync", 0, 0.80), ("sync", 1, 0.90), ("gossip", 1, 0.70))]}))
+    out, plot = tmp_path / "c.json", tmp_path / "c.png"
+    _run("sync_accuracy.py", "--records", f"{earlier},{first}", "--json", str(out),
+         "--plot", str(plot), "--configs", "sync,gossip")
+    rows = {row["config"]: row for row in json.loads(out.read_text())["summary"]}
+    assert rows["sync"]["accuracy_runs"] == [0.80, 0.90]
+    assert rows["gossip"]["seeds"] == [1, 0]  # seed 1 from b.json, seed 0 from a.json
+    expected = 100 * (np.mean([0.70, run["records"][0]["accuracy"]]) - 0.85)
+    assert rows["gossip"]["points_vs_sync"] == pytest.approx(expected)
+    assert plot.stat().st_size > 0
