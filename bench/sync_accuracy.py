@@ -54,6 +54,8 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=CONFIGS)
     parser.add_argument("--optimizer", default="sgd", choices=sorted(RECIPES))
     parser.add_argument("--momentum", default=None, help="SGD momentum (example: 0.9)")
+    parser.add_argument("--lr", default=None,
+                        help="the example's --lr instead of the recipe's 0.003")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"],
                         help="learning-rate schedule (cosine: decays to 0 over the run)")
@@ -70,6 +72,7 @@ def recipe(args):
     """The optimizer and schedule of a run, e.g. 'sgd_momentum_0.9' or 'adam, cosine'."""
     args = dict(args)
     name = args["optimizer"] + (f"_momentum_{args['momentum']}" if args.get("momentum") else "")
+    name += f"_lr_{args['lr']}" if args.get("lr") else ""
     schedule = args.get("schedule", "constant")
     return name if schedule == "constant" else f"{name}, {schedule}"
 
@@ -95,6 +98,7 @@ def run(config, seed, args, out_dir):
     policy = POLICIES[config]
     servers = ["--ps", "1"] if "async" in json.dumps(policy) else []
     recipe = RECIPES[args.optimizer] + (["--momentum", args.momentum] if args.momentum else [])
+    recipe += ["--lr", args.lr] if args.lr else []
     command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers), *servers,
                "--timeout", str(args.timeout), sys.executable, str(EXAMPLE), *recipe,
                "--sync", policy if isinstance(policy, str) else json.dumps(policy),
