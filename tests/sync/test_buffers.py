@@ -6,12 +6,12 @@ import pytest
 
 import tfdist_ext
 
+# One policy per drain: the base drain (local SGD; DiLoCo's), gossip's, the pipelined
+# runner's (stale-synchronous; delayed averaging's) and model averaging's.
 POLICIES = [
     {"name": "local_sgd", "period": 2},
     "gossip",
-    {"name": "delayed_averaging", "delay": 1},
     {"name": "stale_synchronous", "staleness": 1},
-    {"name": "diloco", "period": 2},
     {"name": "model_averaging", "learners_per_device": 1},
 ]
 
