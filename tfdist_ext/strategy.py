@@ -323,7 +323,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         elif self.num_replicas_in_sync > 1:
             if getattr(self, "_buffer_averager", None) is None:
                 self._buffer_averager = BufferAverager(self)
-            callbacks.append(hooks.AverageBuffers(self._buffer_averager))
+            callbacks.append(hooks.DrainPoints(self._buffer_averager))
         if isinstance(self.config.compression, compression.Adaptive):
             if getattr(self, "_adaptive", None) is None:
                 from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel

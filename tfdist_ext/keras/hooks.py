@@ -179,17 +179,48 @@ def _with_callbacks(callbacks, extra):
     return extra + list(callbacks or [])
 
 
-class SyncCallback(keras.callbacks.Callback):
+class DrainPoints(keras.callbacks.Callback):
+    """Calls `drain(model)` before evaluation, at epoch ends and at the end of `fit`.
+
+    Only when a train step ran since the last call. Under sync="sync", `fit`
+    adds one with a `BufferAverager` (Keras 3 keeps BatchNorm statistics per
+    replica, `aggregation="none"`), so every worker evaluates and saves one model.
+    """
+
+    def __init__(self, drain):
+        super().__init__()
+        self._drain_fn = drain
+        self._dirty = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._dirty = True
+
+    def _drain(self):
+        if self._dirty:
+            self._drain_fn(self.model)
+            self._dirty = False
+
+    def on_test_begin(self, logs=None):
+        self._drain()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._drain()
+
+    def on_train_end(self, logs=None):
+        self._drain()
+
+
+class SyncCallback(DrainPoints):
     """Drains the sync policy before evaluation, at epoch ends and at the end of `fit`.
 
     Added by `fit` itself for strategies with a relaxed sync policy; listed
     first, so later callbacks (ModelCheckpoint, EarlyStopping) see one model.
+    It also forwards the runner's other hooks.
     """
 
     def __init__(self, runner):
-        super().__init__()
+        super().__init__(runner.drain)
         self.runner = runner
-        self._dirty = False
 
     def on_train_begin(self, logs=None):
         self.runner.on_train_begin(self.model)
@@ -197,58 +228,16 @@ class SyncCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.runner.on_epoch_begin(self.model)
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._dirty = True
-
-    def _drain(self):
-        if self._dirty:
-            self.runner.drain(self.model)
-            self._dirty = False
-
     def on_test_begin(self, logs=None):
-        self._drain()
+        super().on_test_begin(logs)
         self.runner.on_test_begin(self.model)
 
     def on_test_end(self, logs=None):
         self.runner.on_test_end(self.model)
 
-    def on_epoch_end(self, epoch, logs=None):
-        self._drain()
-
     def on_train_end(self, logs=None):
-        self._drain()
+        super().on_train_end(logs)
         self.runner.on_train_end(self.model)
-
-
-class AverageBuffers(keras.callbacks.Callback):
-    """Averages BatchNorm statistics over the replicas under sync="sync".
-
-    Before evaluation, at epoch ends and at the end of `fit` (when a step ran
-    since the last average), so that every worker evaluates and saves one
-    model; Keras 3 keeps these statistics per replica (`aggregation="none"`).
-    """
-
-    def __init__(self, averager):
-        super().__init__()
-        self.averager = averager
-        self._dirty = False
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._dirty = True
-
-    def _average(self):
-        if self._dirty:
-            self.averager(self.model)
-            self._dirty = False
-
-    def on_test_begin(self, logs=None):
-        self._average()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._average()
-
-    def on_train_end(self, logs=None):
-        self._average()
 
 
 class MomentumCheck(keras.callbacks.Callback):
