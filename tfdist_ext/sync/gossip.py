@@ -50,7 +50,7 @@ from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, tf_variable
 
 TOPOLOGIES = ("exponential", "ring", "random")
 TABLE_STEPS = 1024  # the random topology repeats after this many steps
@@ -173,9 +173,7 @@ class _GossipRunner(PolicyRunner):
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         step = tf.cast(optimizer.iterations, tf.int64)
-        scale = float(self.world_size)
-        local = [g * tf.cast(scale, g.dtype) for g in dense_gradients(grads)]
-        self.apply(optimizer, local, variables, learning_rate)
+        super().update_step(optimizer, grads, variables, learning_rate)  # the local step
         slots = _compat.optimizer_slots(optimizer) if self.policy.mix_slots else []
         mixed = list(variables) + slots
         tf.distribute.get_replica_context().merge_call(
@@ -228,20 +226,16 @@ class _GossipRunner(PolicyRunner):
 
     def _distance(self, model):
         variables = [tf_variable(v) for v in model.trainable_variables]
-        fn = getattr(self, "_distance_fn", None)
-        if fn is None or fn[0] != [id(v) for v in variables]:
-            def replica():
-                values = [tf.cast(tf.identity(v), tf.float64) for v in variables]
-                sums = self.all_reduce_dense(_compat.ReduceOp.SUM, values)
-                squares = tf.add_n([tf.reduce_sum(tf.square(v - s / self.world_size))
-                                    for v, s in zip(values, sums)])
-                return self.all_reduce_dense(_compat.ReduceOp.SUM, [squares])[0]
-
-            fn = ([id(v) for v in variables],
-                  tf.function(lambda: self.strategy.run(replica)))
-            self._distance_fn = fn
-        total = self.strategy.experimental_local_results(fn[1]())[0]
+        total = self.replica_function(self._squared_distance_replica, variables)()
+        total = self.strategy.experimental_local_results(total)[0]
         return math.sqrt(max(float(total), 0.0) / self.world_size)
+
+    def _squared_distance_replica(self, variables):
+        values = [tf.cast(tf.identity(v), tf.float64) for v in variables]
+        sums = self.all_reduce_dense(_compat.ReduceOp.SUM, values)
+        squares = tf.add_n([tf.reduce_sum(tf.square(v - s / self.world_size))
+                            for v, s in zip(values, sums)])
+        return self.all_reduce_dense(_compat.ReduceOp.SUM, [squares])[0]
 
     def stats(self):
         stats = {"sync_rounds": int(self.rounds.numpy())}

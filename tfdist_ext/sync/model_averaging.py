@@ -153,7 +153,7 @@ class _ModelAveragingRunner(PolicyRunner):
             return tf.nest.map_structure(tf.identity, logs)
 
     def drain(self, model):
-        """The model's variables already hold the central model; BatchNorm statistics are averaged."""
+        """Averages the BatchNorm statistics (the variables already hold the central model)."""
         self.average_buffers(model)
 
     def stats(self):

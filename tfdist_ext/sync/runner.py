@@ -43,6 +43,21 @@ class ReplicaOps:
         self.num_local = len(self.cross_ops._devices)  # pylint: disable=protected-access
         self.world_size = strategy.num_replicas_in_sync
         self.first_rank = self.cross_ops.first_rank
+        self._functions = {}
+
+    def replica_function(self, replica_fn, variables):
+        """A `tf.function` that runs ``replica_fn(variables, *args)`` on every replica.
+
+        Traced once per `replica_fn` and kept while `variables` are the same
+        objects (a new model retraces). Call it eagerly with the extra args.
+        """
+        ids = [id(v) for v in variables]
+        cached = self._functions.get(replica_fn.__name__)
+        if cached is None or cached[0] != ids:
+            cached = (ids, tf.function(lambda *args: self.strategy.run(
+                replica_fn, args=(variables, *args))))
+            self._functions[replica_fn.__name__] = cached
+        return cached[1]
 
     def local_index(self) -> int:
         """Index of the current replica among this worker's replicas (Python int)."""
@@ -74,14 +89,8 @@ class BufferAverager(ReplicaOps):
     def __call__(self, model):
         buffers = [tf_variable(v) for v in model.non_trainable_variables
                    if tf.as_dtype(v.dtype).is_floating]
-        if not buffers or self.world_size == 1:
-            return
-        fn = getattr(self, "_fn", None)
-        if fn is None or fn[0] != [id(v) for v in buffers]:
-            fn = ([id(v) for v in buffers], tf.function(lambda: self.strategy.run(
-                self._replica, args=(buffers,))))
-            self._fn = fn
-        fn[1]()
+        if buffers and self.world_size > 1:
+            self.replica_function(self._replica, buffers)()
 
     def _replica(self, buffers):
         first = self.first_rank + self.local_index() == 0
@@ -168,13 +177,8 @@ class PolicyRunner(ReplicaOps):
     def _average(self, model, steps_since_drain):
         """Averages trainable variables over all replicas; gathers step counts per worker."""
         variables = [tf_variable(v) for v in model.trainable_variables]
-        fn = getattr(self, "_average_fn", None)
-        if fn is None or fn[0] != [id(v) for v in variables]:
-            fn = ([id(v) for v in variables],
-                  tf.function(lambda steps: self.strategy.run(
-                      self._average_replica, args=(variables, steps))))
-            self._average_fn = fn
-        counts = fn[1](tf.constant(steps_since_drain, tf.int64))
+        counts = self.replica_function(self._average_replica, variables)(
+            tf.constant(steps_since_drain, tf.int64))
         return np.asarray(self.strategy.experimental_local_results(counts)[0])
 
     def _average_replica(self, variables, steps):
