@@ -213,9 +213,7 @@ class NetBed:
         self.num_servers = num_servers
         self.per_host = num_workers // num_hosts
         self.log = log or (lambda line: None)
-        self.addresses: List[str] = []
-        self.server_addresses: List[str] = []
-        self._host_addresses: List[str] = []
+        self._host_addresses: List[str] = []  # one per namespace, set by `setup`
         self._created = False
         self._delayers: List[Tuple[int, subprocess.Popen]] = []  # (host, process)
         self._name("%05x" % random.getrandbits(20))
@@ -226,9 +224,21 @@ class NetBed:
         self.namespaces = [f"tfdist-{job}-{h}"
                            for h in range(self.num_hosts + self.num_servers)]
 
+    @property
+    def addresses(self) -> List[str]:
+        """Each worker's IPv4 address (its host's), once set up."""
+        if len(self._host_addresses) < len(self.namespaces):
+            return []
+        return [self._host_addresses[self.host_of(w)] for w in range(self.num_workers)]
+
+    @property
+    def server_addresses(self) -> List[str]:
+        """Each parameter server's IPv4 address, once set up."""
+        return self._host_addresses[self.num_hosts:]
+
     def wrap(self, index: int, argv, server: bool = False) -> List[str]:
         """`argv` run inside worker (or server) `index`'s namespace (`ip` execs it: same pid)."""
-        host = self.num_hosts + index if server else index // self.per_host
+        host = self.num_hosts + index if server else self.host_of(index)
         return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
     def _shape(self, device: str, netns: Optional[str] = None):
@@ -249,7 +259,7 @@ class NetBed:
             self._name("%05x" % random.getrandbits(20))
         with open(os.path.join(MARKER_DIR, self.job), "w", encoding="utf-8") as f:
             f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
-        self._created, self.addresses, self.server_addresses = True, [], []
+        self._created, self._host_addresses = True, []
         try:
             used = _subnets_in_use()
             free = [b for b in range(256) if not any(
@@ -259,7 +269,6 @@ class NetBed:
             subnet = f"{SUBNET_PREFIX}.{random.choice(free)}"
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
-            self._host_addresses = [f"{subnet}.{i + 1}" for i in range(len(self.namespaces))]
             for i, netns in enumerate(self.namespaces):  # one per host
                 outer, inner = f"tfd{self.job}r{i}", f"tfd{self.job}n{i}"
                 _run("ip", "netns", "add", netns)
@@ -272,10 +281,7 @@ class NetBed:
                 if self.rate is not None:
                     self._shape(inner, netns)
                     self._shape(outer)
-                if i < self.num_hosts:
-                    self.addresses += [f"{subnet}.{i + 1}"] * self.per_host
-                else:
-                    self.server_addresses.append(f"{subnet}.{i + 1}")
+                self._host_addresses.append(f"{subnet}.{i + 1}")
             if self.latency is not None:
                 for host in range(len(self.namespaces)):
                     self._delay(host, f"tfd{self.job}n{host}")
