@@ -44,14 +44,13 @@ POLICIES = {
 }
 
 
-CONFIGS = "sync,async"
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default=CONFIGS)
+    parser.add_argument("--configs", default=None,
+                        help="comma-separated POLICIES keys (default sync,async; with "
+                             "--records: all configs in the files)")
     parser.add_argument("--optimizer", default="sgd", choices=sorted(RECIPES))
     parser.add_argument("--momentum", default=None, help="SGD momentum (example: 0.9)")
     parser.add_argument("--lr", default=None,
@@ -97,10 +96,10 @@ def run(config, seed, args, out_dir):
     path = pathlib.Path(out_dir) / f"{config}_{seed}_{{worker}}.json"
     policy = POLICIES[config]
     servers = ["--ps", "1"] if "async" in json.dumps(policy) else []
-    recipe = RECIPES[args.optimizer] + (["--momentum", args.momentum] if args.momentum else [])
-    recipe += ["--lr", args.lr] if args.lr else []
+    flags = RECIPES[args.optimizer] + (["--momentum", args.momentum] if args.momentum else [])
+    flags += ["--lr", args.lr] if args.lr else []
     command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers), *servers,
-               "--timeout", str(args.timeout), sys.executable, str(EXAMPLE), *recipe,
+               "--timeout", str(args.timeout), sys.executable, str(EXAMPLE), *flags,
                "--sync", policy if isinstance(policy, str) else json.dumps(policy),
                "--epochs", str(args.epochs), "--schedule", args.schedule, "--seed", str(seed),
                "--verbose", "0",
@@ -154,13 +153,13 @@ def plot(records, path, title):
     groups = [(n, c) for n in names for c in sorted(
         {r["config"] for r in records if r["optimizer"] == n}, key=lambda c: (c != "sync", c))]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(groups)), 4.5))
+    labelled = set()
     for i, (name, config) in enumerate(groups):
         accuracy = [r["accuracy"] for r in records
                     if r["optimizer"] == name and r["config"] == config]
         ax.scatter([i] * len(accuracy), accuracy, s=14, alpha=0.7,
-                   color=f"C{names.index(name)}",
-                   label=name if config == groups[[g[0] for g in groups].index(name)][1]
-                   else None)
+                   color=f"C{names.index(name)}", label=None if name in labelled else name)
+        labelled.add(name)
         ax.hlines(np.mean(accuracy), i - 0.3, i + 0.3, color="black")
     ax.set_xticks(range(len(groups)), [c for _, c in groups], rotation=45, ha="right",
                   fontsize=8)
@@ -173,14 +172,14 @@ def plot(records, path, title):
 
 def main(argv=None):
     args = parse_args(argv)
+    configs = args.configs.split(",") if args.configs else None
     if args.records:
-        records = load(args.records.split(","),
-                       args.configs.split(",") if args.configs != CONFIGS else None)
+        records = load(args.records.split(","), configs)
     else:
         records = []
         with tempfile.TemporaryDirectory() as out_dir:
             for seed in map(int, args.seeds.split(",")):
-                for config in args.configs.split(","):
+                for config in configs or ["sync", "async"]:
                     records.append(dict(run(config, seed, args, out_dir),
                                         optimizer=recipe(vars(args))))
                     print(json.dumps(records[-1]), flush=True)
