@@ -204,9 +204,11 @@ def local_sgd_compressed(w0, rows, steps, num, lr, period, compress, warmup=0,
     return history
 
 
-def gossip(w0, rows, steps, num, lr, table, mixing, momentum=0.0, mix_slots=False):
+def gossip(w0, rows, steps, num, lr, table, mixing, momentum=0.0, mix_slots=False,
+           mix_gradients=False):
     """D-PSGD: own (momentum) SGD step, then w_r = (1 - p m) w_r + m sum_j w_{(r - s_j(t)) mod N};
-    with `mix_slots` the momentum buffers are mixed alike."""
+    with `mix_slots` the momentum buffers are mixed alike, with `mix_gradients` the
+    gradients before the step."""
     ws = [w0.copy() for _ in range(num)]
     velocities = [np.zeros_like(w0) for _ in range(num)]
     history = []
@@ -216,10 +218,12 @@ def gossip(w0, rows, steps, num, lr, table, mixing, momentum=0.0, mix_slots=Fals
                 + mixing * sum(values[(r - s) % num] for s in shifts) for r in range(num)]
 
     for t in range(steps):
-        velocities = [momentum * v - lr * gradient(w, *rows(t, i))
-                      for i, (w, v) in enumerate(zip(ws, velocities))]
-        ws = [w + v for w, v in zip(ws, velocities)]
         shifts = table[t % len(table)]
+        grads = [gradient(w, *rows(t, i)) for i, w in enumerate(ws)]
+        if mix_gradients:
+            grads = mix(grads, shifts)
+        velocities = [momentum * v - lr * g for v, g in zip(velocities, grads)]
+        ws = [w + v for w, v in zip(ws, velocities)]
         ws = mix(ws, shifts)
         if mix_slots:
             velocities = mix(velocities, shifts)

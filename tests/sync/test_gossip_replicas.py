@@ -53,9 +53,40 @@ def test_gossip_with_momentum_mixes_the_momentum_only_when_asked(mix_slots):
     assert strategy.communication_stats()["bytes_sent"] == steps * 5 * 4 * (1 + mix_slots)
 
 
-def test_gossip_without_mixing_is_independent_training():
+@pytest.mark.parametrize("num, options, momentum", [
+    (3, {}, 0.9),
+    (5, {"topology": "random", "peers": 2, "seed": 3}, 0.0),
+])
+def test_gossip_mixes_the_gradients_before_the_step_when_asked(num, options, momentum):
+    steps = 7
+    policy = sync.Gossip(mix_gradients=True, **options)
+    w0, history, final, strategy, rows = fit(policy, steps, num=num, momentum=momentum)
+    table = policy.shift_table(num)
+    expected = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum,
+                                mix_gradients=True)
+    plain = reference.gossip(w0, rows, steps, num, LR, table, policy.weight, momentum)
+    for t in range(steps):
+        close(history[t], expected[t])
+    assert np.abs(np.asarray(expected[-1]) - np.asarray(plain[-1])).max() > 1e-4
+    close(final, [np.mean(history[-1], axis=0)] * num)
+    stats = strategy.communication_stats()
+    # Gradients and parameters, p peers x 5 float32 each per step; one reduction per step.
+    assert stats["bytes_sent"] == steps * 2 * policy.peers * 5 * 4
+    assert stats["reductions"] == steps
+
+
+def test_gossip_of_gradients_and_parameters_on_two_replicas_is_synchronous_sgd():
+    steps = 6
+    w0, history, _, strategy, rows = fit(sync.Gossip(mix_gradients=True), steps, num=2)
+    close(history[-1], reference.synchronous(w0, rows, steps, 2, LR))
+    assert strategy.communication_stats()["consensus_distance"] < 1e-6
+
+
+@pytest.mark.parametrize("mix_gradients", [False, True])
+def test_gossip_without_mixing_is_independent_training(mix_gradients):
     steps, num = 6, 3
-    w0, history, _, _, rows = fit(sync.Gossip(mixing=0.0), steps, num=num)
+    w0, history, _, _, rows = fit(sync.Gossip(mixing=0.0, mix_gradients=mix_gradients),
+                                  steps, num=num)
     expected = reference.gossip(w0, rows, steps, num, LR, [[1]], 0.0)
     for t in range(steps):
         close(history[t], expected[t])
@@ -70,6 +101,7 @@ def test_gossip_without_mixing_is_independent_training():
                                   r"\[0, 0\.5\]; received 0\.6\."),
     ({"peers": 0}, r"Argument `peers` must be an integer >= 1; received 0\."),
     ({"mix_slots": "yes"}, r"Argument `mix_slots` must be True or False; received 'yes'\."),
+    ({"mix_gradients": 1}, r"Argument `mix_gradients` must be True or False; received 1\."),
 ])
 def test_gossip_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
@@ -88,11 +120,12 @@ def test_gossip_refuses_more_peers_than_the_graph_has():
         fit(sync.Gossip(peers=2), 2, num=2)
 
 
-def test_gossip_on_the_graph_engine():
+@pytest.mark.parametrize("mix_gradients", [False, True])
+def test_gossip_on_the_graph_engine(mix_gradients):
     steps, num = 5, 3
-    policy = sync.Gossip(topology="random", peers=2, seed=1)
+    policy = sync.Gossip(topology="random", peers=2, seed=1, mix_gradients=mix_gradients)
     w0, history, _, _, rows = fit(policy, steps, num=num, engine="tf")
     expected = reference.gossip(w0, rows, steps, num, LR, policy.shift_table(num),
-                                policy.weight)
+                                policy.weight, mix_gradients=mix_gradients)
     for t in range(steps):
         close(history[t], expected[t])

@@ -18,6 +18,7 @@ RUNS = [
     {"sync": {"name": "local_sgd", "period": 3}, "compression": "powersgd", "sleep": 0.0},
     {"sync": {"name": "diloco", "period": 3}, "sleep": 0.0},
     {"sync": {"name": "gossip"}, "sleep": 0.0},
+    {"sync": {"name": "gossip", "mix_gradients": True}, "sleep": 0.0},
     {"sync": {"name": "delayed_averaging", "delay": 2}, "sleep": 0.0},
     {"sync": {"name": "model_averaging", "learners_per_device": 2}, "sleep": 0.0},
 ]
@@ -51,8 +52,10 @@ def test_policies_on_two_workers(tmp_path):
             assert all(s["sync_rounds"] == STEPS // 3 and s["reductions"] == 0 for s in stats)
         elif name == "gossip":  # one exchange with one peer per step, no all-reduce
             assert all(s["sync_rounds"] == s["reductions"] == STEPS for s in stats), stats
-            # The whole model to one peer: what a ring all-reduce sends on 2 workers.
-            assert all(s["bytes_sent"] == s["dense_bytes"] > 0 for s in stats), stats
+            # The whole model to one peer: what a ring all-reduce sends on 2 workers;
+            # the gradients as well with mix_gradients.
+            copies = 2 if spec["sync"].get("mix_gradients") else 1
+            assert all(s["bytes_sent"] == copies * s["dense_bytes"] > 0 for s in stats), stats
             assert all(s["consensus_distance"] >= 0 for s in stats), stats
         elif name == "diloco":  # the outer gradients travel dense, counted
             assert all(s["sync_rounds"] == s["reductions"] == STEPS // 3 for s in stats)

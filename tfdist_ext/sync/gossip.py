@@ -33,9 +33,12 @@ ring all-reduce of the model and needs no synchronisation beyond a pair of
 replicas; more peers (or "exponential" over "ring") shrink the spread
 faster. Keep the synchronous learning rate; if accuracy lags, add a peer or
 mix the optimizer's slots (`mix_slots`, one more model-sized message per
-slot). With Adam and small per-replica batches, expect to trail synchronous
-training more than with momentum SGD: each replica normalizes its own noisy
-gradient, which no amount of parameter mixing undoes (README).
+slot). With Adam (or any optimizer that normalizes the gradient per
+replica) and small per-replica batches, parameter mixing does not undo
+what each replica's optimizer does with its own noisy gradient: mix the
+gradients too (`mix_gradients`), so each optimizer steps on the mixed
+gradient of 1 + p replicas' batches, at one more model-sized message per
+peer and step (README's gossip section has the measurements).
 """
 
 import dataclasses
@@ -50,7 +53,7 @@ from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
-from tfdist_ext.sync.runner import PolicyRunner, tf_variable
+from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
 TOPOLOGIES = ("exponential", "ring", "random")
 TABLE_STEPS = 1024  # the random topology repeats after this many steps
@@ -74,6 +77,12 @@ class Gossip(SyncPolicy):
             momentum otherwise carries its own gradient noise and pushes the
             replicas apart every step; mixing it costs one more model-sized
             message per slot and peer.
+        mix_gradients: Mix the gradients with the same peers and weights
+            before the optimizer steps, so each replica's optimizer sees
+            the gradient of 1 + p replicas' batches (g_r <- (1 - p m) g_r +
+            m sum_j g_{(r - s_j(t)) mod N}). Costs one more model-sized
+            message per peer and step; use it with adaptive optimizers
+            (Adam) when gossip trails synchronous training.
     """
 
     topology: str = "exponential"
@@ -81,6 +90,7 @@ class Gossip(SyncPolicy):
     mixing: float = None
     seed: int = 0
     mix_slots: bool = False
+    mix_gradients: bool = False
     communicates = "parameters with a few peers every step"
 
     def __post_init__(self):
@@ -95,6 +105,7 @@ class Gossip(SyncPolicy):
                              "topology='exponential' or 'random' for more peers.")
         positive_int("seed", self.seed, minimum=0)
         boolean("mix_slots", self.mix_slots)
+        boolean("mix_gradients", self.mix_gradients)
         if self.mixing is not None:
             m = self.mixing
             if (isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m)
@@ -173,40 +184,63 @@ class _GossipRunner(PolicyRunner):
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         step = tf.cast(optimizer.iterations, tf.int64)
+        context = tf.distribute.get_replica_context()
+        if self.policy.mix_gradients and self.policy.weight:
+            grads = context.merge_call(self._mix_gradients_merge,
+                                       args=(step, dense_gradients(grads)))
         super().update_step(optimizer, grads, variables, learning_rate)  # the local step
         slots = _compat.optimizer_slots(optimizer) if self.policy.mix_slots else []
         mixed = list(variables) + slots
-        tf.distribute.get_replica_context().merge_call(
-            self._mix_merge, args=(step, [tf_variable(v) for v in mixed], len(variables)))
+        context.merge_call(self._mix_merge,
+                           args=(step, [tf_variable(v) for v in mixed], len(variables)))
 
     def _mix_merge(self, strategy, step, variables, num_parameters):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
         if not self.policy.weight:
             return self.rounds.assign_add(1)
-        row = tf.gather(tf.constant(self.table), step % len(self.table))
-        engine = self.cross_ops.collective_engine()
         components = [strategy.experimental_local_results(v) for v in variables]
-        local = len(components[0])
-        m = self.policy.weight
-        updates, sent = [], 0
-        for i in range(local):
-            buffers, restore = fusion.flatten_by_dtype([c[i].read_value() for c in components])
-            mixed = []
-            for flat in buffers:
-                received = [self._receive(engine, flat, i, row[j])
-                            for j in range(self.policy.peers)]
-                keep = tf.cast(1.0 - m * self.policy.peers, flat.dtype)
-                mixed.append(keep * flat + tf.cast(m, flat.dtype) * tf.add_n(received))
-                if i == 0:
-                    sent += self.policy.peers * flat.shape.num_elements() * flat.dtype.size
-            for c, value in zip(components, restore(mixed)):
-                updates.append(c[i].assign(value))
+        mixed, sent = self._mix(step, [[c[i].read_value() for c in components]
+                                       for i in range(len(components[0]))])
+        updates = [c[i].assign(value) for i, values in enumerate(mixed)
+                   for c, value in zip(components, values)]
         # Counted against what synchronous SGD's gradient all-reduce would send.
         dense = sum(self.cross_ops.dense_wire_bytes(c[0].shape.num_elements(), c[0].dtype)
                     for c in components[:num_parameters])
         updates.append(self.cross_ops.state.count(sent, dense))
         with tf.control_dependencies(updates):
             return self.rounds.assign_add(1)
+
+    def _mix_gradients_merge(self, strategy, step, grads):
+        """Each replica's gradients mixed with its peers' (per-replica values)."""
+        step = strategy.experimental_local_results(step)[0]
+        components = [strategy.experimental_local_results(g) for g in grads]
+        mixed, sent = self._mix(step, [[c[i] for c in components]
+                                       for i in range(len(components[0]))])
+        with tf.control_dependencies([self.cross_ops.state.count(sent, 0, reductions=0)]):
+            return [_compat.PerReplica([tf.identity(values[k]) for values in mixed])
+                    for k in range(len(grads))]
+
+    def _mix(self, step, replicas):
+        """Mixes every local replica's list of tensors with its peers' at `step`.
+
+        Returns the mixed lists (one per local replica) and the bytes one
+        replica sent.
+        """
+        row = tf.gather(tf.constant(self.table), step % len(self.table))
+        engine = self.cross_ops.collective_engine()
+        m, peers = self.policy.weight, self.policy.peers
+        result, sent = [], 0
+        for i, tensors in enumerate(replicas):
+            buffers, restore = fusion.flatten_by_dtype(tensors)
+            mixed = []
+            for flat in buffers:
+                received = [self._receive(engine, flat, i, row[j]) for j in range(peers)]
+                keep = tf.cast(1.0 - m * peers, flat.dtype)
+                mixed.append(keep * flat + tf.cast(m, flat.dtype) * tf.add_n(received))
+                if i == 0:
+                    sent += peers * flat.shape.num_elements() * flat.dtype.size
+            result.append(restore(mixed))
+        return result, sent
 
     def _receive(self, engine, flat, local_index, shift):
         """Replica (r - shift)'s `flat`, for the shift of this step (a traced switch)."""
