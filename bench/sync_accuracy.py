@@ -36,6 +36,7 @@ POLICIES = {
     "gossip": "gossip",
     "gossip_p2": {"name": "gossip", "peers": 2},
     "gossip_slots": {"name": "gossip", "mix_slots": True},
+    "gossip_grads": {"name": "gossip", "mix_gradients": True},
     # Exact averaging every step with per-replica optimizer state (and with averaged slots):
     "lsgd1": {"name": "local_sgd", "period": 1, "average_slots": False},
     "lsgd1_slots": {"name": "local_sgd", "period": 1},
