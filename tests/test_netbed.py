@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import ROOT, read_worker_json
-from tfdist_ext.launch import cli, delayer, netbed
+from tfdist_ext.launch import cli, delayer, netbed, netjobs
 
 _MISSING = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
 needs_netbed = pytest.mark.skipif(
@@ -57,8 +57,8 @@ def _state():
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
                            check=True).stdout
     names |= {n for n in re.findall(r"^\d+: ([^:@]+)", links, re.M) if n.startswith("tfd")}
-    if os.path.isdir(netbed.MARKER_DIR):
-        names |= {f"marker:{n}" for n in os.listdir(netbed.MARKER_DIR)}
+    if os.path.isdir(netjobs.MARKER_DIR):
+        names |= {f"marker:{n}" for n in os.listdir(netjobs.MARKER_DIR)}
     return names
 
 
@@ -219,7 +219,7 @@ def test_killed_launcher_with_delay_lines_is_cleaned(tmp_path):
     launcher.kill()
     launcher.wait()
     assert all(_alive(p) for p in lines)  # orphaned until the next start cleans them
-    assert netbed.clean_leftovers()
+    assert netjobs.clean_leftovers()
     time.sleep(0.2)
     workers = [int(p) for f in files for p in f.read_text().split()[:2]]
     assert [p for p in [*lines, *workers] if _alive(p)] == []
@@ -265,10 +265,10 @@ def test_delay_line_holds_each_packet_for_the_delay_in_order():
 def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    os.makedirs(netbed.MARKER_DIR, exist_ok=True)
-    alive_marker = os.path.join(netbed.MARKER_DIR, "a11fe")
+    os.makedirs(netjobs.MARKER_DIR, exist_ok=True)
+    alive_marker = os.path.join(netjobs.MARKER_DIR, "a11fe")
     try:
-        with open(os.path.join(netbed.MARKER_DIR, "0dead"), "w", encoding="utf-8") as f:
+        with open(os.path.join(netjobs.MARKER_DIR, "0dead"), "w", encoding="utf-8") as f:
             f.write(f"{dead.pid}\n")
         with open(alive_marker, "w", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")  # A run still going: must be left alone.
@@ -284,7 +284,7 @@ def test_leftover_of_a_killed_run_is_cleaned_at_next_start():
         assert "marker:a11fe" in left
         assert orphan.wait(timeout=5) == -signal.SIGKILL  # a worker the dead run left
     finally:
-        netbed.remove_job("0dead")
+        netjobs.remove_job("0dead")
         os.remove(alive_marker)
 
 

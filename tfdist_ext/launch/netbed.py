@@ -22,13 +22,12 @@ still applies. A delay line that dies is reported by `problem()`.
 Everything created is named after a short random job id, and a marker file
 /run/tfdist_netbed/<job> holds the launcher's pid (and its start time). A run
 that was killed before tearing down leaves a marker whose pid is gone; the
-next `setup()` removes what it left and says so in one line.
+next `setup()` removes what it left and says so in one line (`netjobs`).
 """
 
 import ipaddress
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -36,16 +35,13 @@ import sys
 from typing import List, Optional, Tuple
 
 from tfdist_ext.launch import linkspec
+from tfdist_ext.launch.netjobs import (NetBedError, clean_leftovers, create_marker, remove_job,
+                                       run, subnets_in_use)
 
-MARKER_DIR = "/run/tfdist_netbed"
 SUBNET_PREFIX = "10.213"  # 10.213.B.0/24, B chosen per job among unused ones.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_NETBED = "leave out --link-bandwidth: the plain launcher works without it"
 NO_LATENCY = "leave out --link-latency: bandwidth shaping works without it"
-
-class NetBedError(RuntimeError):
-    """The test bed cannot be built here (privilege, tools) or a command failed."""
-
 
 def check_available(latency: bool = False):
     """Raises NetBedError unless we are root and the tools are installed: `ip` and `tc`,
@@ -81,78 +77,6 @@ def child_env() -> dict:
     this one, with tfdist_ext importable even when it is not installed."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
-
-
-def _run(*argv, check=True) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if check and result.returncode != 0:
-        raise NetBedError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
-    return result.stdout
-
-
-def _start_time(pid: int) -> Optional[str]:
-    """The kernel's start time of `pid` (None when gone or a zombie): pids get reused."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
-def remove_job(job: str):
-    """Deletes every namespace (killing what still runs there), veth and bridge of `job`,
-    and its marker. Idempotent."""
-    for name in _run("ip", "netns", "list", check=False).split():
-        if re.fullmatch(rf"tfdist-{job}-\d+", name):
-            for pid in _run("ip", "netns", "pids", name, check=False).split():
-                try:  # Workers of a killed launcher would keep the namespace alive.
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _run("ip", "netns", "delete", name, check=False)
-    links = re.findall(r"^\d+: ([^:@]+)", _run("ip", "-o", "link", "show", check=False), re.M)
-    for link in sorted(links, reverse=True):  # veths (tfd<job>r<i>) before the bridge
-        if link.startswith(f"tfd{job}"):
-            _run("ip", "link", "delete", link, check=False)
-    try:
-        os.remove(os.path.join(MARKER_DIR, job))
-    except FileNotFoundError:
-        pass
-
-
-def clean_leftovers(log=None) -> List[str]:
-    """Removes what runs whose launcher is no longer alive left behind; returns their ids."""
-    cleaned = []
-    names = sorted(os.listdir(MARKER_DIR)) if os.path.isdir(MARKER_DIR) else []
-    for job in names:
-        try:
-            with open(os.path.join(MARKER_DIR, job), encoding="utf-8") as f:
-                fields = f.read().split()
-        except OSError:
-            continue
-        pid = int(fields[0]) if fields and fields[0].isdigit() else 0
-        started = fields[1] if len(fields) > 1 else None
-        now = _start_time(pid) if pid > 0 else None
-        if now is not None and (started is None or started == now):
-            continue  # Its launcher is still running.
-        remove_job(job)
-        cleaned.append(job)
-    if cleaned and log is not None:
-        log(f"cleaned network test bed(s) left by killed runs: {', '.join(cleaned)} "
-            f"(namespaces tfdist-<id>-* and what ran in them, bridge/veths tfd<id>*, "
-            f"{MARKER_DIR}/<id>).")
-    return cleaned
-
-
-def _subnets_in_use() -> List[ipaddress.IPv4Network]:
-    nets = [ipaddress.ip_interface(a).network for a in re.findall(
-        r"inet (\S+)", _run("ip", "-4", "-o", "addr", "show", check=False))]
-    for line in _run("ip", "-4", "route", "show", "table", "all", check=False).splitlines():
-        word = line.split()[0] if line.split() else ""
-        if word not in ("default", "broadcast", "local") and re.match(r"[\d./]+$", word):
-            nets.append(ipaddress.ip_network(word, strict=False))
-    return nets
 
 
 class NetBed:
@@ -245,39 +169,36 @@ class NetBed:
         tc = ["tc", "-n", netns] if netns else ["tc"]
         # A burst of a few ms of traffic (>= 64 KB for GSO packets) keeps HTB accurate.
         burst = str(max(64 * 1024, int(self.rate_bps / 8 * 0.002)))
-        _run(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb",
+        run(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb",
              "default", "1")
-        _run(*tc, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb",
+        run(*tc, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb",
              "rate", self.rate, "ceil", self.rate, "burst", burst, "cburst", burst,
              "quantum", "60000")
 
     def setup(self) -> "NetBed":
         check_available(latency=self.latency is not None)
         clean_leftovers(self.log)
-        os.makedirs(MARKER_DIR, exist_ok=True)
-        while os.path.exists(os.path.join(MARKER_DIR, self.job)):  # id taken: draw again
+        while not create_marker(self.job):  # id taken: draw again
             self._name("%05x" % random.getrandbits(20))
-        with open(os.path.join(MARKER_DIR, self.job), "w", encoding="utf-8") as f:
-            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
         self._created, self._host_addresses = True, []
         try:
-            used = _subnets_in_use()
+            used = subnets_in_use()
             free = [b for b in range(256) if not any(
                 ipaddress.ip_network(f"{SUBNET_PREFIX}.{b}.0/24").overlaps(n) for n in used)]
             if not free:
                 raise NetBedError(f"no free /24 left in {SUBNET_PREFIX}.0.0/16")
             subnet = f"{SUBNET_PREFIX}.{random.choice(free)}"
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "link", "set", self.bridge, "up")
+            run("ip", "link", "add", self.bridge, "type", "bridge")
+            run("ip", "link", "set", self.bridge, "up")
             for i, netns in enumerate(self.namespaces):  # one per host
                 outer, inner = f"tfd{self.job}r{i}", f"tfd{self.job}n{i}"
-                _run("ip", "netns", "add", netns)
-                _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner,
+                run("ip", "netns", "add", netns)
+                run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner,
                      "netns", netns)
-                _run("ip", "link", "set", outer, "master", self.bridge, "up")
-                _run("ip", "-n", netns, "link", "set", "lo", "up")
-                _run("ip", "-n", netns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", inner)
-                _run("ip", "-n", netns, "link", "set", inner, "up")
+                run("ip", "link", "set", outer, "master", self.bridge, "up")
+                run("ip", "-n", netns, "link", "set", "lo", "up")
+                run("ip", "-n", netns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", inner)
+                run("ip", "-n", netns, "link", "set", inner, "up")
                 if self.rate is not None:
                     self._shape(inner, netns)
                     self._shape(outer)
@@ -336,9 +257,9 @@ class NetBed:
             # Enough buffer for the window to cover 2 x the round trip at full rate.
             need = int(4 * self.rate_bps / 8 * 2 * max(by_delay))
             for knob, default in (("tcp_rmem", 6291456), ("tcp_wmem", 4194304)):
-                current = _run("ip", "netns", "exec", netns, "sysctl", "-n",
+                current = run("ip", "netns", "exec", netns, "sysctl", "-n",
                                f"net.ipv4.{knob}").split()
-                _run("ip", "netns", "exec", netns, "sysctl", "-q", "-w",
+                run("ip", "netns", "exec", netns, "sysctl", "-q", "-w",
                      f"net.ipv4.{knob}={current[0]} {current[1]} {max(need, default)}")
         uniform = not isinstance(self.latency, dict)
         for queue, (delay, sources) in enumerate(sorted(by_delay.items())):
@@ -355,7 +276,7 @@ class NetBed:
             matches = [[]] if uniform else [
                 ["-s", self._host_addresses[other]] for other in sources]
             for match in matches:
-                _run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A",
+                run("ip", "netns", "exec", netns, "iptables", "-t", "mangle", "-A",
                      "PREROUTING", "-i", device, *match, "-j", "NFQUEUE", "--queue-num",
                      str(queue))
 
