@@ -89,7 +89,10 @@ def test_relaxed_policies_train_with_uneven_batches(policy):
 @pytest.mark.multiworker
 def test_three_workers_batch_64_every_algorithm_and_policy(tmp_path):
     specs = [{"allreduce": name} for name in ("native", "ring", "butterfly", "tree")]
-    specs += [{"sync": policy} for policy in RELAXED]
+    # One policy per way of meeting (averaging drain, ticket pipeline, learners, peers);
+    # every relaxed policy runs uneven batches on logical replicas above. CI time.
+    specs += [{"sync": policy} for policy in RELAXED
+              if policy["name"] not in ("diloco", "delayed_averaging")]
     specs += [{"compression": {"name": "topk", "ratio": 0.3}}, {"shard": True}]
     texts = [json.dumps(spec) for spec in specs]
     code, out, _ = launch(3, [ROOT / "tests" / "workers" / "uneven_checks.py", tmp_path,
