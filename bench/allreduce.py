@@ -102,7 +102,7 @@ def measure(args, names, allreduce, engine):
 
     strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas,
                                    engine=engine)
-    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    cross_ops = strategy.extended.cross_device_ops
     names = names or cross_ops.auto_candidates + ("auto",)
     world = strategy.num_replicas_in_sync
     placement = "workers" if strategy.cluster else "replicas"

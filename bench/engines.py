@@ -138,8 +138,8 @@ def run(args):
     tf.get_logger().setLevel("ERROR")
     ucx = tfdist_ext.Strategy(engine="ucx", num_replicas=args.replicas)
     graph = tfdist_ext.Strategy(engine="tf", allreduce="ring", num_replicas=args.replicas)
-    ucx_ops = ucx.extended._cross_device_ops  # pylint: disable=protected-access
-    tf_ops = graph.extended._cross_device_ops  # pylint: disable=protected-access
+    ucx_ops = ucx.extended.cross_device_ops
+    tf_ops = graph.extended.cross_device_ops
     world = ucx.num_replicas_in_sync
     spec = ucx.cluster
     rank = spec.task_index if spec else 0

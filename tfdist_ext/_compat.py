@@ -93,6 +93,15 @@ def coordination_service_kv():
     return ctx.set_config_key_value, ctx.get_config_key_value
 
 
+def distributed_update_step(optimizer):
+    """Keras' cross-replica apply step of a TF-backend optimizer.
+
+    A function (strategy, grads_and_vars, learning_rate) run in cross-replica
+    context: per-replica gradients update each replica's own variables.
+    """
+    return optimizer._distributed_tf_update_step  # pylint: disable=protected-access
+
+
 def optimizer_slots(optimizer):
     """A Keras optimizer's per-parameter variables (momentum, Adam's moments).
 

@@ -103,6 +103,30 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             engine_lib.check_world_size(group_size)
 
     @property
+    def devices(self) -> tuple:
+        """This worker's local devices, one per local replica."""
+        return tuple(self._devices)
+
+    @property
+    def group_size(self) -> int:
+        """Replicas in sync across all workers."""
+        return self._group_size
+
+    @property
+    def single_process(self) -> bool:
+        """Whether every replica is local (no other worker to talk to)."""
+        return self._group_size == len(self._devices)
+
+    @property
+    def timeout_seconds(self):
+        """The strategy's collective timeout (CommunicationOptions), or None."""
+        return self._options.timeout_seconds
+
+    def native_sum(self, value, replica_id):
+        """SUM of `value` over all replicas through TF's collectives, bypassing routing."""
+        return super()._all_reduce(_compat.ReduceOp.SUM, [value], replica_id, self._options)[0]
+
+    @property
     def state(self) -> StrategyState:
         """Residuals, step and byte counters (created on first use)."""
         if self._state is None:

@@ -112,6 +112,11 @@ class _Extended(_compat.CollectiveAllReduceExtended):
             pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2)
         self._background_ops = None
 
+    @property
+    def cross_device_ops(self):
+        """The routing `CrossDeviceOps` every reduction of this strategy goes through."""
+        return self._cross_device_ops
+
     def background_cross_device_ops(self):
         """Cross-device ops for reductions that run concurrently with the main thread's.
 
@@ -224,13 +229,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     @property
     def _cross_ops(self):
-        return self.extended._cross_device_ops  # pylint: disable=protected-access
+        return self.extended.cross_device_ops
 
     def _calibrate(self):
         """Measures (or loads) the cost model "auto" decides with; logs its table once."""
         cross_ops = self._cross_ops
         key = calibration.cluster_key(self.cluster, self.num_replicas_in_sync,
-                                      cross_ops._devices)  # pylint: disable=protected-access
+                                      cross_ops.devices)
         if self.num_replicas_in_sync == 1:
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
         else:

@@ -123,7 +123,7 @@ def test_bucketed_training_equals_unbucketed_bit_for_bit(planner, replicas, algo
     actual, _ = _fit(strategy)
     for a, e in zip(actual, expected):
         np.testing.assert_array_equal(a, e)
-    plan = strategy.extended._cross_device_ops.bucket_plan  # pylint: disable=protected-access
+    plan = strategy.extended.cross_device_ops.bucket_plan
     assert sum(b["gradients"] for b in plan) == 2 * LAYERS
     if planner == "wfbp":
         assert len(plan) == 2 * LAYERS
@@ -133,7 +133,7 @@ def test_mgwfbp_profiles_backward_times_then_replans():
     strategy = tfdist_ext.Strategy(allreduce={"name": "native", "calibration_cache": None},
                                    bucketing={"name": "mgwfbp", "profile_steps": 3},
                                    num_replicas=2)
-    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    cross_ops = strategy.extended.cross_device_ops
     assert cross_ops.needs_backward_profile()
     _fit(strategy, epochs=1)
     times = cross_ops.backward_times
@@ -182,7 +182,7 @@ def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
     # A link with a tiny per-message cost (the backward of these small layers
     # takes microseconds), so that alpha x 1/4 .. x 1e6 give different plans.
     from tfdist_ext.collectives import auto  # pylint: disable=import-outside-toplevel
-    strategy.extended._cross_device_ops.calibration = auto.Calibration(  # pylint: disable=protected-access
+    strategy.extended.cross_device_ops.calibration = auto.Calibration(
         "test", 2, alpha=1e-6, beta=1e-11, gamma=0.0, lines=(("native", 1e-6, 1e-11),))
     _fit(strategy, epochs=8)  # 48 steps: 2 profiled, then 3 per candidate plan
     tuner = strategy._bucket_tuner  # pylint: disable=protected-access
@@ -191,7 +191,7 @@ def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
     assert len(set(plans)) == len(plans) >= 2  # distinct plans, one bucket among them
     assert ((tuple(range(2 * LAYERS)),) in plans)
     assert all(t["step_seconds"] > 0 for t in tuner.trials)
-    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    cross_ops = strategy.extended.cross_device_ops
     chosen = min(tuner.trials, key=lambda t: t["step_seconds"])
     assert [t for t in tuner.trials if t["chosen"]] == [chosen]
     assert cross_ops.plan_override == plans[tuner.trials.index(chosen)]

@@ -17,7 +17,7 @@ ONE_BUFFER_PER_TENSOR = tf.distribute.experimental.CommunicationOptions(bytes_pe
 
 def tie_refiner(strategy, cache_path=None, **kwargs):
     """Installs (and returns) a `Refiner` whose model ties NAMES at every size."""
-    cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    cross_ops = strategy.extended.cross_device_ops
     tie = (1e-3, 2e-3, 4e-3)
     calibration = auto.Calibration(
         strategy.calibration.cluster_key, strategy.num_replicas_in_sync, 1e-4, 1e-9, 1e-10,

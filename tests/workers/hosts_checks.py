@@ -39,7 +39,7 @@ def main(out_dir):
     for name in ("hierarchical", "ring"):
         strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
         results[name] = _time_allreduce(strategy)
-        results["rank_hosts"] = list(strategy.extended._cross_device_ops.rank_hosts)  # pylint: disable=protected-access
+        results["rank_hosts"] = list(strategy.extended.cross_device_ops.rank_hosts)
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
 

@@ -33,7 +33,6 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat
 from tfdist_ext.collectives import auto, cost
 
 _BROADCASTS = weakref.WeakKeyDictionary()  # cross_ops -> its traced broadcast
@@ -131,7 +130,7 @@ def barrier_fn(cross_ops):
     A one-element native all-reduce: timing a collective right after it
     measures the collective, not how late the other workers arrived.
     """
-    if cross_ops._group_size == len(cross_ops._devices):  # pylint: disable=protected-access
+    if cross_ops.single_process:
         return None
     return all_reduce_fn(cross_ops, auto.NATIVE, 1, steps=1)
 
@@ -149,13 +148,6 @@ def _local_add_seconds(device, num_elements, steps, repeats):
     return float(np.median(_per_call_seconds(run, repeats))) / steps
 
 
-def _native_reduce(cross_ops):
-    def reduce_fn(x, i):
-        return _compat.CollectiveAllReduce._all_reduce(  # pylint: disable=protected-access
-            cross_ops, _compat.ReduceOp.SUM, [x], i, cross_ops._options)[0]  # pylint: disable=protected-access
-    return reduce_fn
-
-
 def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32, engine=None):
     """A tf.function running `steps` chained all-reduces on every local replica.
 
@@ -164,9 +156,9 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32,
         algorithm: "native" or a graph-engine algorithm name.
         engine: The `GraphEngine` to build with; defaults to the strategy's.
     """
-    devices = cross_ops._devices  # pylint: disable=protected-access
+    devices = cross_ops.devices
     if algorithm == auto.NATIVE:
-        reduce_fn = _native_reduce(cross_ops)
+        reduce_fn = cross_ops.native_sum
     else:
         engine = engine or cross_ops.collective_engine()
         spec = cross_ops.algorithm_spec(algorithm)
@@ -240,7 +232,7 @@ def measure(cross_ops, candidates, repeats=7):
     Returns:
         (alpha, beta, gamma, lines, points), as in `auto.Calibration`.
     """
-    devices, world = cross_ops._devices, cross_ops._group_size  # pylint: disable=protected-access
+    devices, world = cross_ops.devices, cross_ops.group_size
     barrier = barrier_fn(cross_ops)
     seconds = {name: [] for name in candidates}
     for size in auto.PROBE_BYTES:
@@ -260,10 +252,10 @@ def measure(cross_ops, candidates, repeats=7):
     for name, latency, per_byte in lines:
         if name not in ("butterfly", "ring"):
             continue
-        small = cost._cached_stats(name, world, _SMALL)  # pylint: disable=protected-access
+        small = cost.cached_round_stats(name, world, _SMALL)
         messages = sum(s[0] for s in small)
-        link = 4 * sum(s[1] for s in cost._cached_stats(name, world, _LARGE))  # pylint: disable=protected-access
-        reduced = 4 * sum(s[2] for s in cost._cached_stats(name, world, _LARGE))  # pylint: disable=protected-access
+        link = 4 * sum(s[1] for s in cost.cached_round_stats(name, world, _LARGE))
+        reduced = 4 * sum(s[2] for s in cost.cached_round_stats(name, world, _LARGE))
         alphas.append(latency / max(messages, 1))
         betas.append(max((per_byte * 4 * _LARGE - gamma * reduced) / max(link, 1), 1e-13))
     defaults = auto.Calibration.defaults("", world)
@@ -278,12 +270,12 @@ def broadcast_from_chief(cross_ops, values, first_rank):
     so repeated calls (a controller checking every few steps) cost one
     collective, not a trace.
     """
-    if cross_ops._group_size == len(cross_ops._devices):  # pylint: disable=protected-access
+    if cross_ops.single_process:
         return list(values)  # one process: nothing to agree on
     run = _BROADCASTS.get(cross_ops)
     if run is None:
-        devices = cross_ops._devices  # pylint: disable=protected-access
-        native = _native_reduce(cross_ops)
+        devices = cross_ops.devices
+        native = cross_ops.native_sum
 
         @tf.function(autograph=False)
         def run(given):
@@ -311,7 +303,7 @@ def calibrate(cross_ops, key, first_rank, candidates, cache_path=DEFAULT_CACHE, 
         probe: False skips the probe (cache, else built-in defaults).
         repeats: Timed repetitions per measurement (the minimum is used).
     """
-    world = cross_ops._group_size  # pylint: disable=protected-access
+    world = cross_ops.group_size
     candidates = tuple(sorted(candidates))
     cached = read_cache(cache_path, key) if (cache_path and first_rank == 0) else None
     if cached is not None and ({line[0] for line in cached.lines} != set(candidates)

@@ -92,7 +92,9 @@ def _seconds(stats: RoundStats, itemsize: int, model: CostModel) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_stats(name: str, world_size: int, num_elements: int) -> RoundStats:
+def cached_round_stats(name: str, world_size: int, num_elements: int) -> RoundStats:
+    """Per round of `name`'s schedules: (messages, elements on the busiest link, elements
+    reduced), the same on every rank's critical path (cached)."""
     return _round_stats(all_schedules(name, world_size, num_elements))
 
 
@@ -118,7 +120,7 @@ def predict(algorithm_name: str, world_size: int, num_bytes: int, itemsize: int,
         raise ValueError(
             f"Argument `num_bytes` must be a multiple of `itemsize` "
             f"({itemsize}); received {num_bytes}.")
-    stats = _cached_stats(algorithm_name, world_size, num_bytes // itemsize)
+    stats = cached_round_stats(algorithm_name, world_size, num_bytes // itemsize)
     return _seconds(stats, itemsize, model)
 
 

@@ -283,7 +283,7 @@ class BackwardProfile(keras.callbacks.Callback):
     def __init__(self, strategy):
         super().__init__()
         self.strategy = strategy
-        self.cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+        self.cross_ops = strategy.extended.cross_device_ops
         self.planner = strategy.config.bucketing
         self.phase = "profile"
         self.steps = 0

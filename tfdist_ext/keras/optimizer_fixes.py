@@ -91,7 +91,7 @@ def _apply_globally(optimizer, strategy, grads, variables):
             optimizer._apply_weight_decay(variables)  # pylint: disable=protected-access
             grads = [_compat.PerReplica(tuple(c[k] for c in clipped))
                      for k in range(len(tf_variables))]
-            optimizer._distributed_tf_update_step(  # pylint: disable=protected-access
+            _compat.distributed_update_step(optimizer)(
                 distribution, list(zip(grads, tf_variables)), optimizer.learning_rate)
 
         if not steps:

@@ -141,7 +141,7 @@ class _AsyncRunner(PolicyRunner):
         self.shards = None
         self.slots = None
         self._started = False
-        with _compat.init_scope(), tf.device(self.cross_ops._devices[0]):  # pylint: disable=protected-access
+        with _compat.init_scope(), tf.device(self.cross_ops.devices[0]):
             self.histogram = _compat.ResourceVariable(
                 tf.zeros([self.num_local, wire.HISTOGRAM_BINS + 1], tf.int64), trainable=False,
                 name="async_staleness")
@@ -176,7 +176,7 @@ class _AsyncRunner(PolicyRunner):
         sizes = [v.shape.num_elements() for v in variables]
         self.shards = sharding.shard(sizes, len(self.servers))
         self.slots = _optimizer_layout(model, self.shards)
-        devices = self.cross_ops._devices  # pylint: disable=protected-access
+        devices = self.cross_ops.devices
         with _compat.init_scope():
             self.clients = [_Client(self.servers, self.first_rank + i, self.session,
                                     self.policy.timeout_seconds, devices[i])

@@ -176,7 +176,7 @@ class _GossipRunner(PolicyRunner):
         self.policy = policy
         self.table = policy.shift_table(self.world_size)
         self.shifts = sorted({int(s) for s in self.table.ravel()})
-        with _compat.init_scope(), tf.device(self.cross_ops._devices[0]):  # pylint: disable=protected-access
+        with _compat.init_scope(), tf.device(self.cross_ops.devices[0]):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="gossip_rounds")
         strategy.state.sync_rounds = self.rounds

@@ -145,7 +145,7 @@ class _LocalSGDRunner(PolicyRunner):
     def __init__(self, strategy, policy):
         super().__init__(strategy)
         self.policy = policy
-        with _compat.init_scope(), tf.device(self.cross_ops._devices[0]):  # pylint: disable=protected-access
+        with _compat.init_scope(), tf.device(self.cross_ops.devices[0]):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="local_sgd_rounds")
         strategy.state.sync_rounds = self.rounds

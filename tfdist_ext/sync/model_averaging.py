@@ -86,7 +86,7 @@ class _ModelAveragingRunner(PolicyRunner):
         self._lock = threading.Lock()
         self.learners = {}  # (variable index) -> [replica][learner] variables
         self.previous = {}  # (variable index) -> [replica] z_prev
-        with _compat.init_scope(), tf.device(self.cross_ops._devices[0]):  # pylint: disable=protected-access
+        with _compat.init_scope(), tf.device(self.cross_ops.devices[0]):
             self.rounds = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
                                                    name="model_averaging_rounds")
         strategy.state.sync_rounds = self.rounds

@@ -43,7 +43,7 @@ class PipelinedRunner(PolicyRunner):
         super().__init__(strategy)
         self.delay = delay
         self.local_scale = local_scale
-        timeout = strategy.extended._communication_options.timeout_seconds  # pylint: disable=protected-access
+        timeout = self.cross_ops.timeout_seconds
         background = strategy.extended.background_cross_device_ops()
         if background.config.engine == "ucx":
             self.inflight = InflightTickets(background, self.num_local, delay)

@@ -39,8 +39,8 @@ class ReplicaOps:
 
     def __init__(self, strategy):
         self.strategy = strategy
-        self.cross_ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
-        self.num_local = len(self.cross_ops._devices)  # pylint: disable=protected-access
+        self.cross_ops = strategy.extended.cross_device_ops
+        self.num_local = len(self.cross_ops.devices)
         self.world_size = strategy.num_replicas_in_sync
         self.first_rank = self.cross_ops.first_rank
         self._functions = {}
@@ -141,7 +141,7 @@ class PolicyRunner(ReplicaOps):
         """Applies per-replica `grads` with `optimizer`, each replica to its own weights."""
         tf_variables = [tf_variable(v) for v in variables]
         tf.__internal__.distribute.interim.maybe_merge_call(
-            optimizer._distributed_tf_update_step,  # pylint: disable=protected-access
+            _compat.distributed_update_step(optimizer),
             self.strategy, list(zip(grads, tf_variables)), learning_rate)
 
     # -- eager, between steps ----------------------------------------------
