@@ -68,15 +68,18 @@ def test_every_algorithm_is_a_valid_allreduce_option():
     assert "auto" in collectives.available_algorithms()
 
 
-# The UCX engine sums logical replicas in process whatever the algorithm;
-# "ucx-schedules" makes it run the schedules over UCX between them instead.
+# The UCX engine sums logical replicas in process whatever the algorithm (the same op
+# and plan): every replica count once, each algorithm's name at 3 replicas. "ucx-schedules"
+# makes it run each algorithm's schedules over UCX between the replicas instead.
+UCX_IN_PROCESS = [("ucx", name, n) for name in collectives.ALGORITHMS.names()
+                  for n in (REPLICAS if name == "ring" else (3,))]
 UCX_SCHEDULES = [("ucx-schedules", name, n) for name in collectives.ALGORITHMS.names()
                  for n in (3, 5, 8)]
 
 
 @pytest.mark.parametrize("engine,name,num_replicas", [
-    (engine, name, n) for engine in cases.ENGINES for name in collectives.ALGORITHMS.names()
-    for n in (TF_REPLICAS if engine == "tf" else REPLICAS)] + UCX_SCHEDULES)
+    ("tf", name, n) for name in collectives.ALGORITHMS.names() for n in TF_REPLICAS]
+    + UCX_IN_PROCESS + UCX_SCHEDULES)
 def test_engine_matches_numpy_and_native(engine, name, num_replicas, monkeypatch):
     if engine == "ucx-schedules":
         monkeypatch.setenv("TFDIST_UCX_IN_PROCESS", "0")
