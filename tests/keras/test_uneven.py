@@ -113,3 +113,24 @@ def test_three_workers_batch_64_every_algorithm_and_policy(tmp_path):
             np.testing.assert_allclose(run["evaluate"], want["evaluate"], rtol=1e-5)
         else:
             assert np.all(np.isfinite(run["loss"])) and run["loss"][-1] < run["loss"][0], text
+
+
+@pytest.mark.parametrize("sync", ["sync", "gossip"])
+def test_batch_normalization_with_an_empty_replica_stays_finite(sync):
+    # 1,346 samples in batches of 64 end with a batch of 2 on 3 replicas: one is empty,
+    # and BatchNormalization's moments over no samples are NaN (its gamma's gradient and
+    # moving statistics with them) unless the layer uses its moving statistics there.
+    x, y = uneven_checks.data()
+    strategy = tfdist_ext.Strategy(num_replicas=3, sync=sync)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input(x.shape[1:]), keras.layers.Dense(16),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(10)])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x[:1346], y[:1346], batch_size=uneven_checks.BATCH, epochs=2,
+                        shuffle=False, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"])), history.history
+    for variable in model.variables:
+        for value in variable.value.values:
+            assert np.all(np.isfinite(value.numpy())), variable.path
+    assert np.isfinite(model.evaluate(x, y, verbose=0))

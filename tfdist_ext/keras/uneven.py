@@ -33,6 +33,14 @@ batches weight 0.
 
 Relaxed sync policies (`tfdist_ext.sync`) take local steps on the local mean
 gradient and keep Keras' 1 / R scaling, which their runners undo.
+
+A replica with an empty batch must contribute nothing, but BatchNormalization's
+moments over zero samples are NaN, and they reach its gradients (gamma's
+gradient multiplies the NaN mean by a zero sum) and its moving statistics.
+Under `tfdist_ext.Strategy` the moments of an empty batch are the moving
+statistics instead (unless `synchronized=True`, whose moments are global):
+the layer's gradients are 0 and its moving statistics stay as they were (up
+to rounding) on that replica.
 """
 
 import contextlib
@@ -61,6 +69,8 @@ def install():
     trainer_cls = _compat.TensorFlowTrainer
     trainer_cls._maybe_symbolic_build = _wrap_symbolic_build(  # pylint: disable=protected-access
         trainer_cls._maybe_symbolic_build)  # pylint: disable=protected-access
+    norm_cls = keras.layers.BatchNormalization
+    norm_cls._moments = _wrap_moments(norm_cls._moments)  # pylint: disable=protected-access
 
 
 def is_tfdist_strategy(strategy) -> bool:
@@ -143,6 +153,25 @@ def _wrap_unscale(original):
         return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))
 
     return unscale_loss_for_distribution
+
+
+def _wrap_moments(original):
+    @functools.wraps(original)
+    def moments(self, inputs, mask):
+        mean, variance = original(self, inputs, mask)
+        inputs = tf.convert_to_tensor(inputs)
+        if (self.synchronized or not is_tfdist_strategy(tf.distribute.get_strategy())
+                or inputs.shape.num_elements()):  # statically non-empty
+            return mean, variance
+        empty = tf.equal(tf.size(inputs), 0)
+
+        def moving(statistic, batch):
+            return tf.reshape(tf.cast(statistic, batch.dtype), tf.shape(batch))
+
+        return (tf.where(empty, moving(self.moving_mean, mean), mean),
+                tf.where(empty, moving(self.moving_variance, variance), variance))
+
+    return moments
 
 
 def _wrap_symbolic_build(original):
