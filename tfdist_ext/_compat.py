@@ -21,6 +21,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import nest
+from keras.src.backend.tensorflow import nn as keras_tf_nn
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
@@ -55,6 +56,8 @@ LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 # `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
 # (module functions, looked up at call time by Keras' losses and trainer) are
 # wrapped by `tfdist_ext.keras.uneven` to weight replicas by their samples.
+# Likewise the TF backend's convolutions (`keras_tf_nn.conv`, `depthwise_conv`,
+# `separable_conv`, looked up at call time by `keras.ops`), for empty batches.
 
 
 def strategy_init(strategy, extended):

@@ -40,7 +40,11 @@ gradient multiplies the NaN mean by a zero sum) and its moving statistics.
 Under `tfdist_ext.Strategy` the moments of an empty batch are the moving
 statistics instead (unless `synchronized=True`, whose moments are global):
 the layer's gradients are 0 and its moving statistics stay as they were (up
-to rounding) on that replica.
+to rounding) on that replica. Likewise TF 2.21's oneDNN CPU convolutions
+return an empty tensor shaped like their input for an empty batch (so the
+next layer fails on a shape mismatch), and separable ones fail outright:
+under `tfdist_ext.Strategy` a convolution whose batch is empty at run time
+convolves one zero sample instead and returns none of it.
 """
 
 import contextlib
@@ -71,6 +75,8 @@ def install():
         trainer_cls._maybe_symbolic_build)  # pylint: disable=protected-access
     norm_cls = keras.layers.BatchNormalization
     norm_cls._moments = _wrap_moments(norm_cls._moments)  # pylint: disable=protected-access
+    for name in ("conv", "depthwise_conv", "separable_conv"):
+        setattr(_compat.keras_tf_nn, name, _wrap_conv(getattr(_compat.keras_tf_nn, name)))
 
 
 def is_tfdist_strategy(strategy) -> bool:
@@ -172,6 +178,25 @@ def _wrap_moments(original):
                 tf.where(empty, moving(self.moving_variance, variance), variance))
 
     return moments
+
+
+def _wrap_conv(original):
+    @functools.wraps(original)
+    def conv(inputs, *args, **kwargs):
+        inputs = tf.convert_to_tensor(inputs)
+        if (not tf.inside_function() or inputs.shape.rank is None
+                or inputs.shape[0] is not None  # a static batch: never empty
+                or not is_tfdist_strategy(tf.distribute.get_strategy())):
+            return original(inputs, *args, **kwargs)
+
+        def on_one_zero_sample():
+            one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
+            return original(one, *args, **kwargs)[:0]
+
+        return tf.cond(tf.size(inputs) > 0, lambda: original(inputs, *args, **kwargs),
+                       on_one_zero_sample)
+
+    return conv
 
 
 def _wrap_symbolic_build(original):
