@@ -56,8 +56,8 @@ LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 # `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
 # (module functions, looked up at call time by Keras' losses and trainer) are
 # wrapped by `tfdist_ext.keras.uneven` to weight replicas by their samples.
-# Likewise the TF backend's convolutions (`keras_tf_nn.conv`, `depthwise_conv`,
-# `separable_conv`, looked up at call time by `keras.ops`), for empty batches.
+# Likewise the TF backend's `keras_tf_nn.conv`, `depthwise_conv`, `separable_conv`
+# and `max_pool` (looked up at call time by `keras.ops`), for empty batches.
 
 
 def strategy_init(strategy, extended):

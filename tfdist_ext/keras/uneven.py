@@ -40,11 +40,12 @@ gradient multiplies the NaN mean by a zero sum) and its moving statistics.
 Under `tfdist_ext.Strategy` the moments of an empty batch are the moving
 statistics instead (unless `synchronized=True`, whose moments are global):
 the layer's gradients are 0 and its moving statistics stay as they were (up
-to rounding) on that replica. Likewise TF 2.21's oneDNN CPU convolutions
-return an empty tensor shaped like their input for an empty batch (so the
-next layer fails on a shape mismatch), and separable ones fail outright:
-under `tfdist_ext.Strategy` a convolution whose batch is empty at run time
-convolves one zero sample instead and returns none of it.
+to rounding) on that replica. Likewise TF 2.21's oneDNN CPU kernels mishandle
+empty batches: convolutions return an empty tensor shaped like their input
+(the next layer fails on a shape mismatch), separable convolutions fail, and
+max pooling's gradient aborts the process. Under `tfdist_ext.Strategy` these
+ops, on a batch that is empty at run time, run on one zero sample instead and
+return none of it.
 """
 
 import contextlib
@@ -75,8 +76,9 @@ def install():
         trainer_cls._maybe_symbolic_build)  # pylint: disable=protected-access
     norm_cls = keras.layers.BatchNormalization
     norm_cls._moments = _wrap_moments(norm_cls._moments)  # pylint: disable=protected-access
-    for name in ("conv", "depthwise_conv", "separable_conv"):
-        setattr(_compat.keras_tf_nn, name, _wrap_conv(getattr(_compat.keras_tf_nn, name)))
+    for name in ("conv", "depthwise_conv", "separable_conv", "max_pool"):
+        setattr(_compat.keras_tf_nn, name,
+                _one_sample_when_empty(getattr(_compat.keras_tf_nn, name)))
 
 
 def is_tfdist_strategy(strategy) -> bool:
@@ -180,9 +182,9 @@ def _wrap_moments(original):
     return moments
 
 
-def _wrap_conv(original):
+def _one_sample_when_empty(original):
     @functools.wraps(original)
-    def conv(inputs, *args, **kwargs):
+    def op(inputs, *args, **kwargs):
         inputs = tf.convert_to_tensor(inputs)
         if (not tf.inside_function() or inputs.shape.rank is None
                 or inputs.shape[0] is not None  # a static batch: never empty
@@ -196,7 +198,7 @@ def _wrap_conv(original):
         return tf.cond(tf.size(inputs) > 0, lambda: original(inputs, *args, **kwargs),
                        on_one_zero_sample)
 
-    return conv
+    return op
 
 
 def _wrap_symbolic_build(original):
