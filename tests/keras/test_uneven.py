@@ -166,3 +166,23 @@ def test_convolutions_with_an_empty_replica_equal_single_process():
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_run_eagerly_with_an_empty_replica_equals_single_process():
+    # Eagerly every step sees its batch's concrete shapes (22/21/21, then 1/1/0).
+    x, y = uneven_checks.data()
+    data = tf.data.Dataset.from_tensor_slices((x[:1346], y[:1346])).batch(uneven_checks.BATCH)
+    keras.utils.set_random_seed(0)
+    with tfdist_ext.Strategy(num_replicas=3).scope():
+        model = uneven_checks.build()
+        model.compile(optimizer="adam", run_eagerly=True,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    reference = uneven_checks.build()
+    reference.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    reference.set_weights(model.get_weights())
+    got = model.fit(data, epochs=1, verbose=0).history
+    want = reference.fit(data, epochs=1, verbose=0).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -89,7 +89,7 @@ def _wrap_make_train_function(original):
         if runner is not None:
             step = runner.wrap_train_step(self, self.train_step)
         elif uneven.applies(strategy):
-            step = uneven.weighted_train_step(self.train_step, strategy)
+            step = uneven.weighted_train_step(self.train_step, strategy, self.run_eagerly)
         else:
             return original(self, force=force)
         if step is not self.train_step:

@@ -91,22 +91,24 @@ def applies(strategy) -> bool:
             and strategy.num_replicas_in_sync > 1)
 
 
-def weighted_train_step(train_step, strategy):
+def weighted_train_step(train_step, strategy, eager=False):
     """`train_step` with each replica's loss weighted by its share of the samples.
 
     The same all-reduce carries the workers' preemption requests
-    (`tfdist_ext.keras.preemption`) to every worker.
+    (`tfdist_ext.keras.preemption`) to every worker. `eager`: the model runs
+    eagerly (`run_eagerly=True`), where each step sees its batch's concrete
+    shapes, so a static batch dimension says nothing about the other replicas.
     """
 
     @functools.wraps(train_step)
     def step(data):
-        with _loss_scale(_agree(data, strategy)):
+        with _loss_scale(_agree(data, strategy, eager)):
             return train_step(data)
 
     return step
 
 
-def _agree(data, strategy):
+def _agree(data, strategy, eager=False):
     """n_r / N for this replica's batch (None when every batch has the same size).
 
     With several workers the all-reduce also sums the stop requests into
@@ -114,7 +116,7 @@ def _agree(data, strategy):
     """
     x = keras.utils.unpack_x_y_sample_weight(data)[0]
     first = next((t for t in tf.nest.flatten(x) if t is not None), None)
-    static = first is None or (tf.convert_to_tensor(first).shape.rank
+    static = first is None or (not eager and tf.convert_to_tensor(first).shape.rank
                                and tf.convert_to_tensor(first).shape[0] is not None)
     preemption = strategy.preemption if strategy.num_workers > 1 else None
     if static and preemption is None:
@@ -146,7 +148,8 @@ def _wrap_scale(original):
         share = getattr(_step, "share", None)
         if share is None:
             return original(value)
-        return value * tf.cast(share, value.dtype)
+        # Eagerly, Keras' loss of an empty batch is an empty tensor: its sum, 0.
+        return tf.reduce_sum(value) * tf.cast(share, value.dtype)
 
     return scale_loss_for_distribution
 
@@ -158,7 +161,7 @@ def _wrap_unscale(original):
         if share is None:
             return original(value)
         # An empty local batch has share 0 and contributes weight 0.
-        return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))
+        return tf.math.divide_no_nan(tf.reduce_sum(value), tf.cast(share, value.dtype))
 
     return unscale_loss_for_distribution
 
