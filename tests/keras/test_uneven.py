@@ -145,44 +145,31 @@ def _conv_model():
         keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
 
 
-def test_convolutions_with_an_empty_replica_equal_single_process():
-    # TF's oneDNN convolutions return an input-shaped tensor for an empty batch, separable
-    # ones fail and max pooling's gradient aborts; the last batch of 2 leaves one of 3
-    # replicas empty.
-    x, y = uneven_checks.data()
-    data = tf.data.Dataset.from_tensor_slices((x[:1346].reshape(-1, 8, 8, 1), y[:1346]))
-    data = data.batch(uneven_checks.BATCH)
+def _fit_equals_single_process(build, x, y, run_eagerly=False):
+    """3 replicas against one process, 1,346 samples in batches of 64 (the last: 1/1/0)."""
+    data = tf.data.Dataset.from_tensor_slices((x[:1346], y[:1346])).batch(uneven_checks.BATCH)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     keras.utils.set_random_seed(0)
     with tfdist_ext.Strategy(num_replicas=3).scope():
-        model = _conv_model()
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True))
-    reference = _conv_model()
-    reference.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
+        model = build()
+        model.compile(optimizer="adam", loss=loss, run_eagerly=run_eagerly)
+    reference = build()
+    reference.compile(optimizer="adam", loss=loss)
     reference.set_weights(model.get_weights())
     got = model.fit(data, epochs=1, verbose=0).history
     want = reference.fit(data, epochs=1, verbose=0).history
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_convolutions_with_an_empty_replica_equal_single_process():
+    # TF's oneDNN convolutions return an input-shaped tensor for an empty batch, separable
+    # ones fail and max pooling's gradient aborts.
+    x, y = uneven_checks.data()
+    _fit_equals_single_process(_conv_model, x.reshape(-1, 8, 8, 1), y)
 
 
 def test_run_eagerly_with_an_empty_replica_equals_single_process():
     # Eagerly every step sees its batch's concrete shapes (22/21/21, then 1/1/0).
-    x, y = uneven_checks.data()
-    data = tf.data.Dataset.from_tensor_slices((x[:1346], y[:1346])).batch(uneven_checks.BATCH)
-    keras.utils.set_random_seed(0)
-    with tfdist_ext.Strategy(num_replicas=3).scope():
-        model = uneven_checks.build()
-        model.compile(optimizer="adam", run_eagerly=True,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    reference = uneven_checks.build()
-    reference.compile(optimizer="adam",
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    reference.set_weights(model.get_weights())
-    got = model.fit(data, epochs=1, verbose=0).history
-    want = reference.fit(data, epochs=1, verbose=0).history
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-    for a, b in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    _fit_equals_single_process(uneven_checks.build, *uneven_checks.data(), run_eagerly=True)
