@@ -21,8 +21,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "keras", "launch", "ops",
-               "ps", "sync")
+if os.environ.get("TF_CONFIG"):
+    # A worker of a multi-worker job: configure TF before the script's first op.
+    importlib.import_module("tfdist_ext.early").prepare()
+
+_SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "early", "keras", "launch",
+               "ops", "ps", "sync")
 _ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 

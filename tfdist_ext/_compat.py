@@ -12,6 +12,7 @@ from tensorflow.python.distribute import collective_util
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
@@ -21,6 +22,8 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import nest
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.core.protobuf import tensorflow_server_pb2
 from keras.src.backend.tensorflow import nn as keras_tf_nn
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
@@ -88,6 +91,54 @@ def collective_ops_enabled():
     initialises its variables). Strategies after the first must skip it.
     """
     return getattr(context.context(), "_collective_ops_server_def", None) is not None
+
+
+def context_initialized():
+    """Whether TF's eager context exists (any op, tensor or device query made it)."""
+    return context.context()._context_handle is not None  # pylint: disable=protected-access
+
+
+def prepare_multi_worker_context(cluster_spec, task_type, task_id):
+    """Configures this process as a worker of `cluster_spec` before TF starts.
+
+    What `MultiWorkerMirroredStrategy` does when it is created first thing in
+    a program: collective ops (group leader, device filters), the coordination
+    service, and the server definition. TF applies them lazily, when its eager
+    context is created (the first op, tensor or device query), so from then on
+    every device, tensor and resource has its worker name
+    ("/job:worker/replica:0/task:1/..."): a strategy created later finds
+    collective ops configured and tensors made before it still usable.
+
+    Args:
+        cluster_spec: `tf.train.ClusterSpec` of the chief and worker jobs.
+        task_type: "worker" or "chief".
+        task_id: This task's index in its job.
+
+    Returns:
+        False (and changes nothing) when the context already exists.
+    """
+    ctx = context.context()
+    if context_initialized() or collective_ops_enabled():
+        return False
+    ctx.configure_collective_ops(
+        collective_leader=multi_worker_util.collective_leader(cluster_spec, task_type,
+                                                              task_id),
+        scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:{task_type}/task:{task_id}",))
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+            name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs])
+    ctx.enable_collective_ops(tensorflow_server_pb2.ServerDef(
+        cluster=cluster_spec.as_cluster_def(), default_session_config=ctx.config,
+        job_name=task_type, task_index=task_id, protocol="grpc", port=0))
+    return True
+
+
+def coordination_service_configured():
+    return context.context().coordination_service is not None
 
 
 def coordination_service_kv():

@@ -60,6 +60,33 @@ def message(seconds: float, tasks, missing) -> str:
             "check that every worker was given the same TF_CONFIG cluster.")
 
 
+class Watch:
+    """A watcher child process that kills this one unless stopped within `seconds`.
+
+    Args:
+        seconds: The bound; 0 waits forever (no child is started).
+        spec: The validated TF_CONFIG (`tfdist_ext.cluster.ClusterSpec`), or
+            None; with None or a single worker there is nobody to wait for.
+    """
+
+    def __init__(self, seconds: float, spec):
+        self._child = None
+        if not seconds or spec is None or spec.num_workers < 2:
+            return
+        watch = {"seconds": seconds, "jobs": spec.jobs, "task_type": spec.task_type,
+                 "task_index": spec.task_index, "pid": os.getpid()}
+        self._child = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(watch)],
+            stdin=subprocess.PIPE)
+
+    def stop(self) -> None:
+        """Ends the watch (the join is over, one way or the other); idempotent."""
+        child, self._child = self._child, None
+        if child is not None:
+            child.stdin.close()  # end of file tells the child to exit
+            child.wait()
+
+
 @contextlib.contextmanager
 def join_within(seconds: float, spec) -> Iterator[None]:
     """Runs the body (the cluster join); kills this process if it outlasts `seconds`.
@@ -70,19 +97,11 @@ def join_within(seconds: float, spec) -> Iterator[None]:
             None without one; with None or a single worker there is nobody
             to wait for and the body runs unwatched.
     """
-    if not seconds or spec is None or spec.num_workers < 2:
-        yield
-        return
-    watch = {"seconds": seconds, "jobs": spec.jobs, "task_type": spec.task_type,
-             "task_index": spec.task_index, "pid": os.getpid()}
-    watcher = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(watch)],
-        stdin=subprocess.PIPE)
+    watch = Watch(seconds, spec)
     try:
         yield
     finally:
-        watcher.stdin.close()  # end of file: the join is over, one way or the other
-        watcher.wait()
+        watch.stop()
 
 
 def _watch(spec) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing, cluster, compression, startup, sync
+from tfdist_ext import _compat, bucketing, cluster, compression, early, startup, sync
 from tfdist_ext.collectives import auto, calibration, refine
 from tfdist_ext.collectives import engines
 from tfdist_ext.collectives import options as allreduce_options
@@ -85,6 +85,15 @@ class StrategyConfig:
                 f"compression={self.compression}, sync={self.sync}, bucketing={self.bucketing}")
 
 
+LATE_START = (
+    "tfdist_ext.Strategy() with TF_CONFIG must configure TensorFlow before it runs "
+    "anything, but this process already ran TensorFlow (an op, a tensor or a device "
+    "query) before tfdist_ext could prepare it (TF: 'Collective ops must be configured "
+    "at program startup'). Fix: put `import tfdist_ext` before the first TensorFlow op, "
+    "e.g. among the script's first imports; when TF_CONFIG is set later in the program, "
+    "call `tfdist_ext.early.prepare()` right after setting it.")
+
+
 class _Extended(_compat.CollectiveAllReduceExtended):
     """MWMS internals with tfdist_ext cross-device ops swapped in."""
 
@@ -100,7 +109,13 @@ class _Extended(_compat.CollectiveAllReduceExtended):
 
     def _initialize_multi_worker(self, cluster_resolver):
         if _compat.collective_ops_enabled():
-            self._std_server_started = True  # see _compat.collective_ops_enabled
+            # Enabled by `tfdist_ext.early` or an earlier strategy (see
+            # _compat.collective_ops_enabled); TF's own check applies as for a
+            # strategy that enabled them itself.
+            self._std_server_started = True
+            self._enable_check_health = not _compat.coordination_service_configured()
+        elif _compat.context_initialized():
+            raise RuntimeError(LATE_START)
         super()._initialize_multi_worker(cluster_resolver)
         self._install_cross_device_ops()
 
@@ -202,6 +217,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         resolver = roles.serve_or_resolver(spec, config.sync)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
+        early.release()  # this strategy's own startup_timeout bounds the join
         with startup.join_within(startup_timeout, spec):
             _compat.strategy_init(self, _Extended(self, config, devices, resolver))
         extended = self.extended
