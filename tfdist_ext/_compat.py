@@ -141,6 +141,16 @@ def coordination_service_configured():
     return context.context().coordination_service is not None
 
 
+def global_seed():
+    """TF's global random seed (`tf.random.set_seed`), None when unset."""
+    return context.global_seed()
+
+
+def coordination_barrier(barrier_id, timeout_in_ms):
+    """Blocks until every task of the coordination service reaches `barrier_id`."""
+    context.context().wait_at_barrier(barrier_id, timeout_in_ms)
+
+
 def coordination_service_kv():
     """(set, get) functions of the coordination service's key-value store."""
     ctx = context.context()

@@ -225,6 +225,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config = config
         self.cluster = spec
+        self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False
         log.info("tfdist_ext.Strategy: %d worker(s) x %d replica(s); %s",
@@ -237,8 +238,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if "auto" in config.allreduce.algorithms or uses_backward_times:
             self._calibrate()  # before the sync runner, whose background ops share it
         self.sync_runner = config.sync.runner(self)
-        from tfdist_ext.keras import hooks, preemption  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.keras import hooks, preemption, saving  # pylint: disable=import-outside-toplevel
         hooks.install()
+        saving.install(self)
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
@@ -421,6 +423,36 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         prefix = f"tfdist/{self._collective_key_base}/{name}"
         set_value(f"{prefix}/{self.worker_index}", str(value))
         return [get_value(f"{prefix}/{w}") for w in range(self.num_workers)]
+
+    def barrier(self, timeout: float = 600.0):
+        """Returns when every worker has called `barrier` as often (eager).
+
+        For files or state one worker writes and others read: e.g. the chief
+        writes, every worker calls `strategy.barrier()`, then all read. Saves
+        through Keras and `tf.train.CheckpointManager` need none (see
+        `tfdist_ext.keras.saving`). Without TF_CONFIG it returns at once.
+
+        Args:
+            timeout: Seconds to wait for the other workers.
+
+        Raises:
+            TimeoutError: Not every worker arrived within `timeout`.
+        """
+        timeout = seconds("timeout", timeout, "Raise it when workers reach the barrier far "
+                          "apart.")
+        if self.num_workers == 1:
+            return
+        number = next(self._barriers)
+        try:
+            _compat.coordination_barrier(f"tfdist/{self._collective_key_base}/barrier/{number}",
+                                         int(timeout * 1000) or 2**31 - 1)
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.InternalError) as err:
+            raise TimeoutError(
+                f"strategy.barrier() number {number}: not every one of the {self.num_workers} "
+                f"workers arrived within {timeout:g} s (worker {self.worker_index} waited). "
+                "Every worker must call barrier() the same number of times; raise `timeout` "
+                f"when they arrive far apart. TF said: {err.message}") from None
 
     @property
     def collective_key_range(self):

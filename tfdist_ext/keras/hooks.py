@@ -27,21 +27,25 @@ loss-scale skips decide on the all-reduced gradients.
 """
 
 import functools
+import itertools
 import logging
 import threading
 import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import optimizer_fixes, preemption, uneven, worker_callbacks
+from tfdist_ext.keras import (data_order, optimizer_fixes, preemption, uneven,
+                              worker_callbacks)
 
 log = logging.getLogger("tfdist_ext")
 
 _lock = threading.Lock()
 _installed = False
+_fits = itertools.count()  # the same sequence on every worker (SPMD)
 
 
 def install():
@@ -124,6 +128,7 @@ def _wrap_fit(original):
             return original(self, *args, **kwargs)
         extra = strategy.fit_callbacks()
         args = list(args)
+        _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
                               lambda data: uneven.common_length(data, strategy))
@@ -149,6 +154,19 @@ def _wrap_fit(original):
                 strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 
     return fit
+
+
+def _check_data_order(strategy, args, kwargs):
+    """Same TF seed for Keras' shuffle of arrays; a warning when inputs differ."""
+    if strategy.num_workers < 2:
+        return
+    number = next(_fits)
+    x = args[0] if args else kwargs.get("x")
+    y = args[1] if len(args) > 1 else kwargs.get("y")
+    data_order.check(strategy, f"data-order/{number}", x, y)
+    shuffle = args[8] if len(args) > 8 else kwargs.get("shuffle", True)
+    if shuffle and not isinstance(x, tf.data.Dataset):
+        data_order.agree_shuffle_seed(strategy, f"shuffle-seed/{number}")
 
 
 def _wrap_inference(original):

@@ -12,16 +12,19 @@ assume equal local batches, and `install` repairs both for
   batches of different lengths make that collective fail ("Shape mismatch in
   the collective instance"). Under our strategy the first local batch is used
   instead: every worker builds the same variables from the same feature
-  shapes.
+  shapes. A model without `call()` (only a custom `train_step`, as a GAN) is
+  left to build while its step is traced, as Keras does without a strategy.
 * Keras scales each replica's loss by 1 / R (`scale_loss_for_distribution`)
   so that the summed gradients are the global mean. With unequal n_r the
   correct weight is n_r / N, where N = sum of n_r: otherwise a sample in a
   small local batch counts more than one in a large batch. During a
   synchronous training step the strategy all-reduces n_r (one scalar
   collective per step, skipped when the local batch size is static, which
-  means every replica has the same) and the loss is scaled by n_r / N; the
-  logged loss is unscaled by the same factor, so `fit`'s loss and metrics
-  equal single-process values.
+  means every replica has the same) and the loss's gradient is scaled by
+  n_r / N. Under `tfdist_ext.Strategy` the scaling applies to the gradient
+  only: the loss's value is left as it is, so `fit`'s loss and metrics, and
+  what a custom `train_step` tracks or returns, equal single-process values
+  (Keras scales the value, which divided custom steps' losses by R).
 
 Keras runs as many steps per epoch as the local dataset has batches. When the
 user shards a dataset per worker (auto-sharding off) the workers' shards can
@@ -147,9 +150,14 @@ def _wrap_scale(original):
     def scale_loss_for_distribution(value):
         share = getattr(_step, "share", None)
         if share is None:
-            return original(value)
-        # Eagerly, Keras' loss of an empty batch is an empty tensor: its sum, 0.
-        return tf.reduce_sum(value) * tf.cast(share, value.dtype)
+            replicas = _tfdist_replicas()
+            if replicas is None:
+                return original(value)
+            share = 1.0 / replicas
+        else:
+            # Eagerly, Keras' loss of an empty batch is an empty tensor: its sum, 0.
+            value = tf.reduce_sum(value)
+        return _gradient_scaled(tf.convert_to_tensor(value), share)
 
     return scale_loss_for_distribution
 
@@ -157,13 +165,37 @@ def _wrap_scale(original):
 def _wrap_unscale(original):
     @functools.wraps(original)
     def unscale_loss_for_distribution(value):
-        share = getattr(_step, "share", None)
-        if share is None:
+        if getattr(_step, "share", None) is not None:
+            # Eagerly, an empty batch's loss is an empty tensor: its sum, 0.
+            return tf.reduce_sum(value)
+        if _tfdist_replicas() is None:
             return original(value)
-        # An empty local batch has share 0 and contributes weight 0.
-        return tf.math.divide_no_nan(tf.reduce_sum(value), tf.cast(share, value.dtype))
+        return value  # `scale_loss_for_distribution` kept the value
 
     return unscale_loss_for_distribution
+
+
+def _tfdist_replicas():
+    """Replicas in sync under a `tfdist_ext.Strategy` of several, else None."""
+    strategy = tf.distribute.get_strategy()
+    if is_tfdist_strategy(strategy) and strategy.num_replicas_in_sync > 1:
+        return strategy.num_replicas_in_sync
+    return None
+
+
+def _gradient_scaled(value, share):
+    """`value` itself, whose gradient is scaled by `share`.
+
+    Summed over the replicas, the scaled gradients are the global batch's
+    mean gradient, while the value (what a custom `train_step` logs or
+    tracks) stays this replica's mean loss, as in one process.
+    """
+
+    @tf.custom_gradient
+    def identity(x):
+        return tf.identity(x), lambda upstream: upstream * tf.cast(share, upstream.dtype)
+
+    return identity(value)
 
 
 def _wrap_moments(original):
@@ -210,6 +242,8 @@ def _wrap_symbolic_build(original):
         strategy = self._distribute_strategy  # pylint: disable=protected-access
         if iterator is None or strategy is None or not is_tfdist_strategy(strategy):
             return original(self, iterator=iterator, data_batch=data_batch)
+        if not _has_call(self):
+            return None  # as without a strategy: the traced train_step builds what it uses
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tf.nest.map_structure(
@@ -219,6 +253,11 @@ def _wrap_symbolic_build(original):
         return original(self, data_batch=data_batch)
 
     return maybe_symbolic_build
+
+
+def _has_call(model):
+    """Whether `model` computes outputs (a GAN with only `train_step` does not)."""
+    return type(model).call not in (keras.Model.call, keras.layers.Layer.call)
 
 
 def common_length(dataset, strategy):

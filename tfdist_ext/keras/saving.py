@@ -1,0 +1,75 @@
+"""Files the chief saves are there for every worker once its own save returns.
+
+tf.keras 2's saving under MultiWorkerMirroredStrategy took collectives, so a
+worker's `model.save` returned only when the chief's had too, and scripts
+(TF's "Multi-worker training with Keras" tutorial among them) save on every
+worker (the others into a temporary directory) and then load the chief's
+file. Keras 3 saves without communicating, so the other workers read before
+the chief has written. Under a multi-worker `tfdist_ext.Strategy`,
+`keras.Model.save`, `keras.Model.save_weights` and
+`tf.train.CheckpointManager.save` therefore count their calls on each worker:
+the chief publishes its n-th save of each kind through the coordination
+service when it is written, and another worker's n-th save returns only once
+the chief's n-th has (the chief never waits, so a save made on the chief
+alone is free). A worker that saves more often than the chief waits
+`WAIT_SECONDS`, then warns and goes on. For any other point where workers
+must meet, use `tfdist_ext.Strategy.barrier()`.
+"""
+
+import collections
+import functools
+import logging
+import threading
+
+import keras
+import tensorflow as tf
+
+from tfdist_ext import _compat
+
+log = logging.getLogger("tfdist_ext")
+WAIT_SECONDS = 300.0
+_lock = threading.Lock()
+_cluster = {}  # "strategy": the process's multi-worker strategy, "counts": per kind
+
+
+def install(strategy):
+    """Wraps the save methods once; `strategy` names this worker's cluster."""
+    with _lock:
+        if strategy.num_workers < 2 or _cluster:
+            return
+        _cluster.update(strategy=strategy, counts=collections.Counter())
+        keras.Model.save = _published(keras.Model.save, "model")
+        keras.Model.save_weights = _published(keras.Model.save_weights, "weights")
+        tf.train.CheckpointManager.save = _published(tf.train.CheckpointManager.save,
+                                                     "checkpoint")
+
+
+def _published(original, kind):
+    @functools.wraps(original)
+    def save(*args, **kwargs):
+        result = original(*args, **kwargs)
+        after_save(kind)
+        return result
+
+    return save
+
+
+def after_save(kind: str) -> None:
+    """The chief: says its save of `kind` is written; others: wait for the chief's."""
+    strategy = _cluster["strategy"]
+    with _lock:
+        _cluster["counts"][kind] += 1
+        count = _cluster["counts"][kind]
+    key = f"tfdist/saved/{kind}/{count}"
+    set_value, get_value = _compat.coordination_service_kv()
+    if strategy.worker_index == 0:
+        set_value(key, "1")
+        return
+    try:
+        get_value(key, timeout_in_ms=int(WAIT_SECONDS * 1000))
+    except tf.errors.DeadlineExceededError:
+        log.warning(
+            "tfdist_ext: worker %d's save number %d (%s) returned without the chief's: "
+            "the chief has not made that many saves in %g s. Call the save on every "
+            "worker (the others into a temporary path), or meet with strategy.barrier().",
+            strategy.worker_index, count, kind, WAIT_SECONDS)
