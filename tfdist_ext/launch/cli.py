@@ -15,7 +15,7 @@ import socket
 import sys
 
 from tfdist_ext import early
-from tfdist_ext.launch import linkspec, netbed
+from tfdist_ext.launch import linkspec, netbed, output
 from tfdist_ext.launch.launcher import Launcher
 
 
@@ -99,7 +99,7 @@ def _run_shaped(args, command, launcher, layout) -> int:
     latency = linkspec.parse_latency(args.link_latency) if args.link_latency else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
                         latency=latency, num_hosts=layout[0] if layout else None,
-                        num_servers=args.num_servers)
+                        num_servers=args.num_servers, output=args.output)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with bed:
@@ -117,6 +117,13 @@ def _run_shaped(args, command, launcher, layout) -> int:
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def _output_mode(value):
+    try:
+        return output.check_mode(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser():
@@ -153,6 +160,10 @@ def build_parser():
                              "fails (not after --timeout or a signal); workers read the "
                              "attempt in TFDIST_RESTART. With keras.callbacks."
                              "BackupAndRestore, training resumes from the last backup")
+    parser.add_argument("--output", type=_output_mode, default="chief", metavar="WHICH",
+                        help="'chief' (default): worker 0's live progress bar and each "
+                             "line once (another worker's line only where it differs); "
+                             "'all': every worker's lines; N: worker N's only")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show TensorFlow's C++ log lines (filtered by default)")
     parser.add_argument("--link-bandwidth", type=_rate, default=None, metavar="RATE",
@@ -219,7 +230,7 @@ def main(argv=None) -> int:
             parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
                         verbose=args.verbose, max_restarts=args.max_restarts,
-                        num_servers=args.num_servers)
+                        num_servers=args.num_servers, output=args.output)
     try:
         if shaped:
             return _run_shaped(args, command, launcher, layout)

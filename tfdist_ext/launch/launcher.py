@@ -8,11 +8,11 @@ exit code; when a worker fails, the others are stopped (SIGTERM, then SIGKILL
 after `grace` seconds) and the launcher says which worker failed and how.
 """
 
+import codecs
 import dataclasses
 import json
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -21,13 +21,7 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-# Lines TF / gRPC / absl print that say nothing a user can act on.
-NOISE = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|[IW]\d{4} [\d:.]+\s+\d+ \S+\.(cc|h):\d+\]"
-    r"|This TensorFlow binary is optimized to use available CPU instructions"
-    r"|To enable the following instructions: .* rebuild TensorFlow"
-    r"|WARNING:tensorflow:Collective ops is not configured at program startup)")
+from tfdist_ext.launch.output import Output
 
 EXIT_TIMEOUT = 124
 
@@ -151,11 +145,14 @@ class Launcher:
         num_servers: Parameter servers ("ps" tasks of TF_CONFIG, on
             127.0.0.1) running the same command; they are not counted in
             `num_workers`, and the job ends when the workers have.
+        output: Which workers' lines are shown: "chief" (each line once and
+            worker 0's progress bar), "all", or a worker index
+            (`tfdist_ext.launch.output`).
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
                  verbose=False, env=None, out=None, network=None, max_restarts=0,
-                 num_servers=0):
+                 num_servers=0, output="chief"):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.command = list(command)
@@ -164,10 +161,10 @@ class Launcher:
         self.verbose = verbose
         self.env = dict(env or {})
         self.out = out or sys.stdout
+        self.output = Output(self.out, output, verbose=verbose)
         self.network = network
         self.workers: List[Worker] = []
         self._pumps: List[threading.Thread] = []
-        self._lock = threading.Lock()
         self._stop_signal: Optional[int] = None
         self.max_restarts = max_restarts
         self.restarts = 0
@@ -175,18 +172,17 @@ class Launcher:
         self._failure = None  # why the last attempt ended (None: success, timeout or signal)
 
     def say(self, message: str):
-        with self._lock:
-            self.out.write(f"tfdist-run: {message}\n")
-            self.out.flush()
+        self.output.say(f"tfdist-run: {message}")
 
     def _pump(self, worker: Worker):
-        for raw in iter(worker.process.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            if not self.verbose and NOISE.match(line):
-                continue
-            with self._lock:
-                self.out.write(f"[{worker.label}] {line}\n")
-                self.out.flush()
+        stream = worker.process.stdout.fileno()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = os.read(stream, 1 << 16)
+            self.output.feed(worker.label, decoder.decode(data, final=not data))
+            if not data:
+                break
+        self.output.end(worker.label)
 
     def _start(self):
         ports = free_ports(self.num_workers + self.num_servers)  # also free in a namespace

@@ -1,0 +1,101 @@
+"""tfdist-run's merged output: one live bar, each line once (tfdist_ext.launch.output)."""
+
+import io
+
+import pytest
+
+from conftest import launch
+from tfdist_ext.launch import output
+
+BAR = "\b" * 12 + "\r"
+
+
+def feed_all(out, pieces):
+    for label, text in pieces:
+        out.feed(label, text)
+    for label in sorted({label for label, _ in pieces}):
+        out.end(label)
+
+
+def test_chief_mode_shows_each_line_once_and_lines_that_differ():
+    stream = io.StringIO()
+    feed_all(output.Output(stream, live=False), [
+        ("0", "Epoch 1/2\n"), ("1", "Epoch 1/2\n"),
+        ("1", "4/4 - 1s - 73ms/step - loss: 0.5\n"), ("0", "4/4 - 2s - 81ms/step - loss: 0.5\n"),
+        ("0", "local loss 0.25\n"), ("1", "local loss 0.75\n"),
+        ("0", "Traceback\n  x\n  x\n"), ("1", "Traceback\n  x\n  x\n  y\n")])
+    # Another worker's line waits for the chief's copy; its own lines come at its end.
+    assert stream.getvalue().splitlines() == [
+        "[0] Epoch 1/2", "[0] 4/4 - 2s - 81ms/step - loss: 0.5", "[0] local loss 0.25",
+        "[0] Traceback", "[0]   x", "[0]   x", "[1] local loss 0.75", "[1]   y"]
+
+
+def test_a_line_only_another_worker_prints_is_shown_after_the_hold():
+    stream = io.StringIO()
+    out = output.Output(stream, live=False)
+    out.hold_seconds = 0.0
+    out.feed("1", "worker 1 only\n")
+    out.feed("0", "next\n")
+    assert stream.getvalue().splitlines() == ["[1] worker 1 only", "[0] next"]
+
+
+def test_all_mode_and_a_worker_index():
+    pieces = [("0", "a\n"), ("1", "a\n"), ("2", "b\n")]
+    stream = io.StringIO()
+    feed_all(output.Output(stream, "all", live=False), pieces)
+    assert sorted(stream.getvalue().splitlines()) == ["[0] a", "[1] a", "[2] b"]
+    stream = io.StringIO()
+    feed_all(output.Output(stream, 2, live=False), pieces)
+    assert stream.getvalue().splitlines() == ["[2] b"]
+
+
+def test_the_bar_is_live_on_a_terminal_and_stays_under_other_lines():
+    stream = io.StringIO()
+    out = output.Output(stream, live=True)
+    out.feed("0", "Epoch 1/1\n")
+    out.feed("0", BAR + "1/3 [=")        # Keras: no newline until the bar is done
+    out.feed("1", BAR + "1/3 [=")        # another worker's bar is never drawn
+    out.feed("0", BAR + "2/3 [==")
+    out.say("tfdist-run: note")
+    out.feed("0", BAR + "3/3 [===] - loss: 1.0\n")
+    assert stream.getvalue() == (
+        "[0] Epoch 1/1\n" "\r\x1b[K[0] 1/3 [=" "\r\x1b[K[0] 2/3 [=="
+        "\r\x1b[Ktfdist-run: note\n[0] 2/3 [==" "\r\x1b[K[0] 3/3 [===] - loss: 1.0\n")
+
+
+def test_a_log_file_gets_only_finished_bars_and_no_tf_noise():
+    stream = io.StringIO()
+    out = output.Output(stream, live=False)
+    out.feed("0", BAR + "1/2 [=" + BAR + "2/2 [==] - 5ms/step\n")
+    out.feed("0", "I0000 00:00:1795688948.467227    2601 port.cc:153] oneDNN custom\n")
+    out.feed("0", "unterminated")
+    out.end("0")
+    assert stream.getvalue() == "[0] 2/2 [==] - 5ms/step\n[0] unterminated\n"
+
+
+def test_a_bad_output_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"must be 'chief' .* or a worker index such as 1; "
+                                         r"received 'every'"):
+        output.check_mode("every")
+
+
+def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(
+        "import tfdist_ext, keras, numpy as np\n"
+        "s = tfdist_ext.Strategy()\n"
+        "with s.scope():\n"
+        "    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])\n"
+        "    m.compile('sgd', 'mse')\n"
+        "m.summary()\n"
+        "m.fit(np.ones((64, 3)), np.ones((64, 1)), batch_size=16, epochs=2, verbose=1)\n"
+        "print('done on', s.worker_index)\n")
+    code, text, _ = launch(2, [script], timeout=120)
+    assert code == 0, text[-3000:]
+    lines = text.splitlines()
+    assert sum("Total params" in line for line in lines) == 1, text
+    assert sum(line.endswith("Epoch 2/2") for line in lines) == 1, text
+    bars = [line for line in lines if "4/4" in line]
+    assert len(bars) == 2 and all(line.startswith("[0] ") for line in bars), text
+    assert "\r" not in text and "\b" not in text
+    assert "[0] done on 0" in lines and "[1] done on 1" in lines
