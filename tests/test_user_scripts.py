@@ -90,3 +90,24 @@ def test_unseeded_shuffles_are_reported_and_keras_shuffles_agree(tmp_path, num_w
         assert result["seeded_dataset"] == [] and result["keras_shuffle"] == []
         # One TF global seed on every worker: Keras' own shuffle of arrays agrees.
         assert result["global_seed"] == results[0]["global_seed"]
+
+
+@pytest.mark.multiworker
+def test_workers_finishing_after_the_chief_keep_its_coordination_service(tmp_path):
+    """The chief's process hosts TF's coordination service: it must exit last."""
+    script = tmp_path / "late_finish.py"
+    script.write_text(
+        "import time, tfdist_ext, keras, numpy as np\n"
+        "s = tfdist_ext.Strategy()\n"
+        "with s.scope():\n"
+        "    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])\n"
+        "    m.compile('sgd', 'mse')\n"
+        "m.fit(np.ones((60, 3)), np.ones((60, 1)), batch_size=12, epochs=1, verbose=0)\n"
+        "if s.worker_index:\n"
+        "    time.sleep(4)  # e.g. a slow input pipeline's teardown\n"
+        "print('finished', s.worker_index, time.time(), flush=True)\n")
+    code, text, _ = launch(3, [script], timeout=120, options=["--output", "all"])
+    assert code == 0, text[-3000:]
+    assert "StartAbort" not in text and "coordination service" not in text, text[-3000:]
+    assert sum(line.startswith(f"[{i}] finished") for i in range(3)
+               for line in text.splitlines()) == 3
