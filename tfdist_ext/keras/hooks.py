@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import (data_order, optimizer_fixes, preemption, uneven,
+from tfdist_ext.keras import (data_order, optimizer_fixes, preemption, saving, uneven,
                               worker_callbacks)
 
 log = logging.getLogger("tfdist_ext")
@@ -149,7 +149,8 @@ def _wrap_fit(original):
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
             try:
-                return original(self, *args, **kwargs)
+                with saving.inside_fit():
+                    return original(self, *args, **kwargs)
             finally:
                 strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 

@@ -7,16 +7,21 @@ worker (the others into a temporary directory) and then load the chief's
 file. Keras 3 saves without communicating, so the other workers read before
 the chief has written. Under a multi-worker `tfdist_ext.Strategy`,
 `keras.Model.save`, `keras.Model.save_weights` and
-`tf.train.CheckpointManager.save` therefore count their calls on each worker:
+`tf.train.CheckpointManager.save` called outside `fit` count their calls on
+each worker:
 the chief publishes its n-th save of each kind through the coordination
 service when it is written, and another worker's n-th save returns only once
 the chief's n-th has (the chief never waits, so a save made on the chief
 alone is free). A worker that saves more often than the chief waits
 `WAIT_SECONDS`, then warns and goes on. For any other point where workers
-must meet, use `tfdist_ext.Strategy.barrier()`.
+must meet, use `tfdist_ext.Strategy.barrier()`. Saves inside `fit` (Keras'
+callbacks) are left alone: the chief writes where asked and the others into
+private directories (`tfdist_ext.keras.worker_callbacks`), and relaxed sync
+policies may let `save_best_only` decide differently per worker.
 """
 
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -30,6 +35,7 @@ log = logging.getLogger("tfdist_ext")
 WAIT_SECONDS = 300.0
 _lock = threading.Lock()
 _cluster = {}  # "strategy": the process's multi-worker strategy, "counts": per kind
+_fitting = threading.local()
 
 
 def install(strategy):
@@ -54,8 +60,20 @@ def _published(original, kind):
     return save
 
 
+@contextlib.contextmanager
+def inside_fit():
+    """Saves made in the context (by `fit`'s callbacks) are not counted."""
+    previous, _fitting.active = getattr(_fitting, "active", False), True
+    try:
+        yield
+    finally:
+        _fitting.active = previous
+
+
 def after_save(kind: str) -> None:
     """The chief: says its save of `kind` is written; others: wait for the chief's."""
+    if getattr(_fitting, "active", False):
+        return
     strategy = _cluster["strategy"]
     with _lock:
         _cluster["counts"][kind] += 1
