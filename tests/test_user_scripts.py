@@ -19,7 +19,7 @@ WORKERS = [2, 3]
 
 
 def run(script, num_workers, out):
-    code, text, _ = launch(num_workers, [SCRIPTS / script, out], timeout=240)
+    code, text, _ = launch(num_workers, [SCRIPTS / script, out], timeout=360)
     assert code == 0, text[-4000:]
     return read_worker_json(out, num_workers), text
 
