@@ -29,6 +29,8 @@ def pytest_configure(config):
 def launch(num_workers, args, timeout=300, extra_env=None, options=()):
     """Runs `python args...` on `num_workers` workers through tfdist-run (with `options`).
 
+    Every worker's lines are kept (`--output all`): tests read each worker's output.
+
     Returns:
         (exit code, combined output, seconds taken).
     """
@@ -37,7 +39,8 @@ def launch(num_workers, args, timeout=300, extra_env=None, options=()):
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers),
-         "--timeout", str(timeout), *options, sys.executable, *map(str, args)],
+         "--timeout", str(timeout), "--output", "all", *options, sys.executable,
+         *map(str, args)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout + 30,
         check=False)
     return result.returncode, result.stdout + result.stderr, time.monotonic() - start

@@ -90,7 +90,7 @@ def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
         "m.summary()\n"
         "m.fit(np.ones((64, 3)), np.ones((64, 1)), batch_size=16, epochs=2, verbose=1)\n"
         "print('done on', s.worker_index)\n")
-    code, text, _ = launch(2, [script], timeout=120)
+    code, text, _ = launch(2, [script], timeout=120, options=["--output", "chief"])
     assert code == 0, text[-3000:]
     lines = text.splitlines()
     assert sum("Total params" in line for line in lines) == 1, text

@@ -86,7 +86,8 @@ def _wait_for_pid_files(launcher, directory, num_workers=2):
 
 
 def _launch(*args):
-    return subprocess.Popen([sys.executable, "-m", "tfdist_ext.launch", *map(str, args)],
+    return subprocess.Popen([sys.executable, "-m", "tfdist_ext.launch", "--output", "all",
+                             *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 

@@ -99,7 +99,7 @@ def _run_shaped(args, command, launcher, layout) -> int:
     latency = linkspec.parse_latency(args.link_latency) if args.link_latency else None
     bed = netbed.NetBed(args.num_workers, args.link_bandwidth, log=launcher.say,
                         latency=latency, num_hosts=layout[0] if layout else None,
-                        num_servers=args.num_servers, output=args.output)
+                        num_servers=args.num_servers)
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with bed:
