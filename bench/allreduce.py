@@ -54,6 +54,9 @@ def parse_args(argv=None):
                         help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
+    parser.add_argument("--max-auto-ratio", type=float, default=1.10,
+                        help="exit 1 when auto's choice is slower than this x the best fixed "
+                             "algorithm at some size (0: never)")
     parser.add_argument("--no-cache", action="store_true",
                         help="re-calibrate instead of using the calibration cache")
     return parser.parse_args(argv)
@@ -91,7 +94,7 @@ def run(args):
     for engine in engines:
         records += measure(args, names, allreduce, engine)
     if not records or records[0].get("is_chief"):
-        summarize(records, args)
+        return summarize(records, args)
     return 0
 
 
@@ -147,8 +150,14 @@ def measure(args, names, allreduce, engine):
 
 
 def summarize(records, args):
-    """Adds ratios to native / best, prints them, writes JSON and PNG."""
-    by_size = {}
+    """Adds ratios to native / best, prints them, writes JSON and PNG.
+
+    Returns:
+        The exit code: 1 when auto's choice is more than `--max-auto-ratio` times
+        the best fixed algorithm at some size (by the chosen algorithm's own
+        row), else 0.
+    """
+    by_size, failures = {}, []
     for r in records:
         by_size.setdefault((r["engine"], r["bytes"]), {})[r["algorithm"]] = r
     for (engine, size), rows in by_size.items():
@@ -176,6 +185,10 @@ def summarize(records, args):
                       f"flat ({flat['algorithm']}); ring takes "
                       f"{h.get('ring_vs_hierarchical', float('nan')):.2f}x hierarchical's time",
                       flush=True)
+            ratio = rows["auto"].get("choice_vs_best", rows["auto"]["vs_best_fixed"])
+            if args.max_auto_ratio and ratio > args.max_auto_ratio:
+                failures.append(f"{engine} {size} B: auto -> {rows['auto']['choice']}, "
+                                f"{ratio:.2f}x the best fixed ({best['algorithm']})")
             print(f"{engine} {size:>10} B: auto -> {rows['auto']['choice']}, "
                   f"{rows['auto']['vs_best_fixed']:.2f}x the best fixed "
                   f"({best['algorithm']}) as re-timed, "
@@ -186,6 +199,9 @@ def summarize(records, args):
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
     if args.png:
         plot(records, args.png)
+    for failure in failures:
+        print(f"FAIL: {failure}, above --max-auto-ratio {args.max_auto_ratio}", flush=True)
+    return 1 if failures else 0
 
 
 def plot(records, path):

@@ -253,7 +253,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """Measures (or loads) the cost model "auto" decides with; logs its table once."""
         cross_ops = self._cross_ops
         key = calibration.cluster_key(self.cluster, self.num_replicas_in_sync,
-                                      cross_ops.devices)
+                                      cross_ops.devices, self.config.engine)
         if self.num_replicas_in_sync == 1:
             cross_ops.calibration = auto.Calibration.defaults(key, 1)
         else:
@@ -271,6 +271,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             return
         cross_ops.refiner = refine.Refiner(
             cross_ops, cross_ops.calibration, cross_ops.auto_candidates,
+            default=engines.default_algorithm(self.config.engine),
             cache_path=options.calibration_cache, timing=options.calibrate and options.refine)
         self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
                                                        candidates=cross_ops.auto_candidates)

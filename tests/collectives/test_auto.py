@@ -1,6 +1,7 @@
 """allreduce="auto": cost-model choices, calibration, its cache, and the benchmark."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -10,11 +11,12 @@ import pytest
 
 import tfdist_ext
 from tfdist_ext.ops import ucx as ucx_ops
-from tfdist_ext.collectives import auto, calibration
+from tfdist_ext.cluster import ClusterSpec
+from tfdist_ext.collectives import auto, calibration, refine
 
 import refine_cases  # noqa: E402  (tests/collectives is on sys.path: rootdir-less test dirs)
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _calibration(native_per_byte=1 / 0.5e9, **overrides):
@@ -95,8 +97,8 @@ def test_refinement_times_close_candidates_at_the_real_size_and_caches(tmp_path)
     for d in decisions:
         assert set(d["ms"]) == set(refine_cases.NAMES) and min(d["ms"].values()) > 0
         assert d["model"] == "butterfly"  # ties go to the first name
-    cached = json.loads(cache.read_text())["refined"]
-    assert cached == {str(auto.size_class(d["bytes"])): d["choice"] for d in decisions}
+    cached = json.loads(cache.read_text())["clusters"][strategy.calibration.cluster_key]
+    assert cached["refined"] == {str(auto.size_class(d["bytes"])): d["choice"] for d in decisions}
 
     again = tfdist_ext.Strategy(num_replicas=3, allreduce={
         "name": "auto", "calibrate": False, "calibration_cache": None})
@@ -122,17 +124,93 @@ def test_refinement_times_close_candidates_at_the_real_size_and_caches(tmp_path)
     assert all(s[0] == 3 for s in sums) and untimed.allreduce_refinements == []
 
 
-def test_cache_round_trip_and_other_clusters_are_ignored(tmp_path):
+def test_cache_keeps_one_entry_per_cluster_engine_and_transport(tmp_path, monkeypatch):
+    spec = ClusterSpec({"worker": ["10.0.0.1:1", "10.0.0.2:2"]}, "worker", 0)
+    devices = ["/job:worker/replica:0/task:0/device:CPU:0"]
+    keys = {engine: calibration.cluster_key(spec, 2, devices, engine) for engine in ("tf", "ucx")}
+    assert keys["tf"] != keys["ucx"]
+    moved = ClusterSpec({"worker": ["10.0.0.1:7", "10.0.0.2:8"]}, "worker", 0)
+    assert calibration.cluster_key(moved, 2, devices, "ucx") == keys["ucx"]  # ports only
+    assert calibration.cluster_key(spec, 3, devices, "ucx") != keys["ucx"]
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    assert calibration.cluster_key(spec, 2, devices, "ucx") != keys["ucx"]
+    assert calibration.cluster_key(spec, 2, devices, "tf") == keys["tf"]  # gRPC either way
+
     path = tmp_path / "cal.json"
-    calibration.write_cache(path, _calibration(cluster_key="abc"))
-    assert calibration.read_cache(path, "abc") == _calibration(cluster_key="abc")
-    with pytest.warns(UserWarning, match=r"measured on another cluster \(key abc, 4 replicas\), "
-                                         r"not this one \(key xyz\); re-calibrating"):
-        assert calibration.read_cache(path, "xyz") is None
-    path.write_text("{not json")
+    calibration.write_cache(path, _calibration(cluster_key=keys["tf"]), {24: "native"})
+    calibration.write_cache(path, _calibration(cluster_key=keys["ucx"], alpha=1e-6),
+                            {24: "butterfly"})
+    assert calibration.read_cache(path, keys["tf"]) == _calibration(cluster_key=keys["tf"])
+    assert calibration.read_cache(path, keys["ucx"]).alpha == 1e-6
+    assert calibration.read_refined(path, keys["tf"]) == {24: "native"}
+    assert calibration.read_refined(path, keys["ucx"]) == {24: "butterfly"}
+    assert calibration.read_cache(path, "xyz") is None and calibration.read_refined(path, "xyz") == {}
+    for n in range(calibration.MAX_ENTRIES + 2):
+        calibration.write_cache(path, _calibration(cluster_key=f"k{n}"))
+    assert len(json.loads(path.read_text())["clusters"]) == calibration.MAX_ENTRIES
+
+    old = tmp_path / "old.json"  # the one-entry format of earlier versions
+    old.write_text(json.dumps({"calibration": _calibration(cluster_key="abc").__dict__,
+                               "refined": {"40": "ring"}}))
+    assert calibration.read_cache(old, "abc") == _calibration(cluster_key="abc")
+    assert calibration.read_refined(old, "abc") == {40: "ring"}
+    old.write_text("{not json")
     with pytest.warns(UserWarning, match="unreadable calibration cache"):
-        assert calibration.read_cache(path, "abc") is None
+        assert calibration.read_cache(old, "abc") is None
     assert calibration.read_cache(tmp_path / "missing.json", "abc") is None
+
+
+def test_a_cached_calibration_of_the_other_engine_is_not_used(tmp_path):
+    cache = str(tmp_path / "cal.json")
+    tf_engine = tfdist_ext.Strategy(num_replicas=2, engine="tf", allreduce={
+        "name": "auto", "calibration_cache": cache})
+    assert tf_engine.calibration.measured
+    if ucx_ops.problem() is not None:
+        pytest.skip(ucx_ops.problem())
+    ucx = tfdist_ext.Strategy(num_replicas=2, engine="ucx", allreduce={
+        "name": "auto", "calibration_cache": cache})
+    assert ucx.calibration.cluster_key != tf_engine.calibration.cluster_key
+    assert ucx.calibration != tf_engine.calibration  # measured again, on UCX
+    entries = json.loads(pathlib.Path(cache).read_text())["clusters"]
+    assert set(entries) == {tf_engine.calibration.cluster_key, ucx.calibration.cluster_key}
+
+
+def test_first_use_timing_replaces_a_pick_slower_than_the_engine_default(caplog):
+    # The model claims the graph engine's ring is 10x faster than TF's fused native
+    # all-reduce for 1 KB on 8 replicas; ring's 14 sequential messages take far longer.
+    strategy = tfdist_ext.Strategy(num_replicas=8, engine="tf", allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    cross_ops = strategy.extended.cross_device_ops
+    wrong = auto.Calibration("k", 8, 1e-4, 1e-9, 1e-10,
+                             points=(("ring", (1e-5, 1e-4, 4e-4)),
+                                     ("native", (1e-4, 1e-3, 4e-3))))
+    refiner = refine.Refiner(cross_ops, wrong, ("native", "ring"), default="native")
+    with caplog.at_level("WARNING", logger="tfdist_ext"):
+        choice = refiner.choose(1024)
+    (decision,) = refiner.decisions.values()
+    assert decision["model"] == "ring" and decision["source"] == "timed", decision
+    assert decision["ms"]["ring"] > 1.1 * decision["ms"]["native"], decision
+    assert choice == "native"
+    assert "the cost model's pick ring timed" in caplog.text
+    assert "the engine's default native" in caplog.text and "replaced by native" in caplog.text
+
+
+def test_the_engine_default_is_always_timed():
+    if ucx_ops.problem() is not None:
+        pytest.skip(ucx_ops.problem())
+    strategy = tfdist_ext.Strategy(num_replicas=3, engine="ucx", allreduce={
+        "name": "auto", "calibrate": False, "calibration_cache": None})
+    cross_ops = strategy.extended.cross_device_ops
+    tree_best = auto.Calibration("k", 3, 1e-4, 1e-9, 1e-10, points=(
+        ("tree", (1e-6, 1e-5, 4e-5)), ("ring", (1e-3, 1e-2, 4e-2)),
+        ("native", (1e-3, 1e-2, 4e-2))))
+    refiner = refine.Refiner(cross_ops, tree_best, ("native", "ring", "tree"), default="ring")
+    choice = refiner.choose(4096)
+    (decision,) = refiner.decisions.values()
+    assert decision["candidates"] == ("tree", "native", "ring"), decision
+    assert choice == min(decision["ms"], key=decision["ms"].get)
+    # A default outside the user's candidates is not added.
+    assert refine.Refiner(cross_ops, tree_best, ("native", "tree"), default="ring").default is None
 
 
 def _fit(allreduce):
@@ -163,7 +241,8 @@ def test_auto_calibrates_caches_and_trains_like_native(tmp_path):
     assert [p[0] for p in cal.points] == list(auto.candidates_or_all(None))
     for _, seconds in cal.points:
         assert len(seconds) == len(auto.PROBE_BYTES) and all(0 < t < 1 for t in seconds)
-    assert json.loads(open(cache, encoding="utf-8").read())["calibration"]["alpha"] == cal.alpha
+    entries = json.loads(open(cache, encoding="utf-8").read())["clusters"]
+    assert entries[cal.cluster_key]["calibration"]["alpha"] == cal.alpha
     again = tfdist_ext.Strategy(num_replicas=4, allreduce={"name": "auto",
                                                            "calibration_cache": cache})
     assert again.calibration == cal  # from the cache, no new probe
@@ -218,8 +297,11 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
          "1KB,256KB", "--algorithms", "native,ring,butterfly,auto", "--repeat", "2",
          "--no-cache", "--json", str(out), "--png", str(tmp_path / "bench.png")],
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads(out.read_text())
+    # Exit 1 exactly when auto's choice is above --max-auto-ratio (1.10) somewhere.
+    slow = [r for r in records if r["algorithm"] == "auto" and r["choice_vs_best"] > 1.10]
+    assert result.returncode == (1 if slow else 0), result.stdout + result.stderr
+    assert result.stdout.count("FAIL: ") == len(slow), result.stdout
     engines = {"tf", "ucx"} if ucx_ops.problem() is None else {"tf"}  # --engine all
     assert {r["engine"] for r in records} == engines
     assert len(records) == 8 * len(engines)

@@ -4,6 +4,8 @@ Real collectives: logical replicas in this process, and two worker processes
 through the launcher (one of them made a straggler to force a re-decision).
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -183,19 +185,21 @@ def test_relaxed_sync_refuses_adaptive():
 
 @pytest.mark.multiworker
 def test_two_workers_decide_alike_and_redecide_for_a_straggler(tmp_path):
-    # TF's default pools ("0": the steps' timing this test's schedule was set for;
-    # with one thread per worker the steps speed up after warm-up, another re-decision).
     code, out, _ = launch(2, [ROOT / "tests" / "workers" / "adaptive_checks.py", tmp_path],
-                          timeout=240, extra_env={"TF_NUM_INTRAOP_THREADS": "0"})
+                          timeout=240)
     assert code == 0, out[-3000:]
     first, second = read_worker_json(tmp_path, 2)
     assert first["sha"] == second["sha"]
     assert first["decisions"] == second["decisions"]
     steps = [d["step"] for d in first["decisions"]]
     assert len(steps) >= 2 and steps[0] == 10, first["decisions"]
-    # The only re-decision is the straggler's: from batch 70, seen in the checks
-    # at 80 and 90, then probed for 8 steps.
-    assert len(steps) == 2 and 89 <= steps[1] <= 110, first["decisions"]
-    assert "step time" in first["decisions"][1]["reason"], first["decisions"]
+    # Warm-up may speed steps up enough for a re-decision before the straggler; the
+    # straggler's (from batch 70, seen in the checks at 80 and 90, then probed for 8
+    # steps) is a slow-down re-decision, and it is the last one.
+    last = first["decisions"][-1]
+    assert 89 <= last["step"] <= 110, first["decisions"]
+    now, before = map(float, re.findall(r"step time ([\d.]+) ms against ([\d.]+) ms",
+                                        last["reason"])[0])
+    assert now > 2 * before, first["decisions"]
     assert first["loss"][-1] < first["loss"][0]
     assert first["stats"]["compression_decisions"] == len(steps)

@@ -12,9 +12,10 @@ reproducibly). Alpha (per message) and beta (per byte on the busiest link)
 are derived from the butterfly and ring lines, gamma from a local add.
 The chief's numbers are then broadcast (a native all-reduce in which only rank
 0 contributes), so every worker holds the same `Calibration` and makes the
-same choices. The chief keeps them in a JSON cache keyed by the cluster (hosts,
-world size, devices, TF version); a cache written on another cluster is
-ignored with a warning. Whether to probe is itself the chief's decision,
+same choices. The chief keeps them in a JSON cache, one entry per cluster key
+(hosts, world size, devices, TF version, engine and its transports), so a
+figure measured on one engine is never used for the other and alternating
+engines re-uses both entries. Whether to probe is itself the chief's decision,
 broadcast first: a worker that skipped the probe while others ran it would
 leave them waiting.
 """
@@ -43,35 +44,65 @@ DEFAULT_CACHE = "~/.cache/tfdist_ext/calibration.json"
 _SMALL, _LARGE = auto.PROBE_BYTES[0] // 4, auto.PROBE_BYTES[-1] // 4  # float32 elements
 
 
-def cluster_key(cluster_spec, world_size: int, devices) -> str:
-    """A stable name for the hardware the numbers describe (ports excluded)."""
+MAX_ENTRIES = 16  # cluster keys kept in one cache file (the oldest written goes first)
+
+
+def transport_of(engine: str) -> str:
+    """What carries an engine's bytes, as far as it changes the figures.
+
+    The TF engine and "native" run over TF's gRPC; the UCX engine over the
+    transports UCX_TLS / UCX_NET_DEVICES select (UCX's own choice when unset).
+    """
+    if engine != "ucx":
+        return "grpc"
+    return "tls={};dev={}".format(os.environ.get("UCX_TLS", "default"),
+                                  os.environ.get("UCX_NET_DEVICES", "default"))
+
+
+def cluster_key(cluster_spec, world_size: int, devices, engine: str) -> str:
+    """A stable name for what the numbers describe: hardware, engine, transport.
+
+    Ports are excluded; the engine ("ucx" or "tf") and its transports
+    (`transport_of`) are included, since the same algorithm's figures differ
+    by several times between them.
+    """
     hosts = sorted(a.rsplit(":", 1)[0] for job in (cluster_spec.jobs.values()
                                                    if cluster_spec else [])
                    for a in job) or [socket.gethostname()]
     kind = sorted({d.split("device:")[-1].split(":")[0] for d in devices})
     text = json.dumps({"hosts": hosts, "world": world_size, "devices": kind,
-                       "per_worker": len(devices), "tf": tf.__version__})
+                       "per_worker": len(devices), "tf": tf.__version__,
+                       "engine": engine, "transport": transport_of(engine)})
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_cache(path, key):
-    """The cached `Calibration` for `key`, or None (warning if it is another cluster's)."""
-    path = pathlib.Path(os.path.expanduser(path))
+def _entries(path):
+    """{cluster key: entry} of the cache at `path` ({} when absent).
+
+    Raises:
+        OSError, ValueError, KeyError, TypeError: an unreadable cache.
+    """
     if not path.exists():
-        return None
+        return {}
+    data = json.loads(path.read_text())
+    if "calibration" in data:  # the one-entry format of earlier versions
+        return {data["calibration"]["cluster_key"]: data}
+    return dict(data["clusters"])
+
+
+def read_cache(path, key):
+    """The cached `Calibration` for `key`, or None (warning if the file is unreadable)."""
+    path = pathlib.Path(os.path.expanduser(path))
     try:
-        data = json.loads(path.read_text())
-        calibration = auto.Calibration(**data["calibration"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        entry = _entries(path).get(key)
+        calibration = auto.Calibration(**entry["calibration"]) if entry else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         warnings.warn(f"Ignoring the unreadable calibration cache {path} ({err}); "
-                      "re-calibrating.", stacklevel=2)
+                      "re-calibrating and overwriting it.", stacklevel=2)
         return None
-    if calibration.cluster_key != key:
-        warnings.warn(
-            f"Ignoring the calibration cache {path}: it was measured on another cluster "
-            f"(key {calibration.cluster_key}, {calibration.world_size} replicas), not "
-            f"this one (key {key}); re-calibrating and overwriting it.", stacklevel=2)
-        return None
+    if calibration is None:
+        log.info("tfdist_ext: the calibration cache %s has no entry for this cluster, "
+                 "engine and transport (key %s); calibrating.", path, key)
     return calibration
 
 
@@ -79,24 +110,30 @@ def read_refined(path, key):
     """The cached refined choices for cluster `key` ({size class: algorithm}), or {}."""
     path = pathlib.Path(os.path.expanduser(path))
     try:
-        data = json.loads(path.read_text())
-        if data["calibration"]["cluster_key"] != key:
-            return {}
+        entry = _entries(path)[key]
         return {int(size_class): str(name)
-                for size_class, name in data.get("refined", {}).items()}
+                for size_class, name in entry.get("refined", {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}  # read_cache has warned about it
 
 
 def write_cache(path, calibration, refined=None):
-    """Writes `calibration` and its refined choices ({size class: algorithm})."""
+    """Stores `calibration` and its refined choices ({size class: algorithm}) under its
+    key, keeping the other keys' entries (at most `MAX_ENTRIES`)."""
     path = pathlib.Path(os.path.expanduser(path))
     try:
+        entries = _entries(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        entries = {}  # unreadable: read_cache has warned; overwritten
+    entries[calibration.cluster_key] = {
+        "calibration": calibration.__dict__,
+        "refined": {str(k): v for k, v in (refined or {}).items()},
+        "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    newest = sorted(entries, key=lambda k: entries[k].get("written", ""))[-MAX_ENTRIES:]
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"calibration": calibration.__dict__,
-                                   "refined": {str(k): v for k, v in (refined or {}).items()},
-                                   "written": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"clusters": {k: entries[k] for k in newest}}, indent=1))
         tmp.replace(path)
     except OSError as err:
         warnings.warn(f"Could not write the calibration cache {path}: {err}.", stacklevel=2)

@@ -6,13 +6,16 @@ and the model interpolates between them. It ranks algorithms that differ by
 is the usual case at the model's actual buffer sizes. So the first time a
 buffer size is reduced, the candidates modelled within `auto.REFINE_MARGIN` of
 the best (at most `auto.REFINE_LIMIT`, plus "native"; see `auto.shortlist`)
-are timed on a buffer of exactly that size, and the fastest by the chief's
+and the engine's default algorithm are timed on a buffer of exactly that size, and the fastest by the chief's
 clock is kept for every buffer in the same half-octave (`auto.size_class`).
 The chief's clock is the median of interleaved calls at every size, unlike
 the probe's minimum at 1 MB and above: two algorithms can share a minimum
 while their typical times differ widely. This is what NCCL's tuner cannot do
 for us (it has no CPU path) and what Horovod's autotuner does with whole
 steps, at the cost of one timing per size class rather than a search.
+Because the engine's default is always timed too, "auto" is never slower than
+not choosing at all by more than the timing's noise; a model's pick that timed
+more than `SLOWER_THAN_DEFAULT` times the default is logged as replaced.
 
 When it runs: at trace time, the first time a size class is asked for (the
 graph being traced is set aside with `init_scope`; the timing runs eagerly).
@@ -52,6 +55,7 @@ from tfdist_ext.collectives import auto, calibration as calibration_lib, engine
 log = logging.getLogger("tfdist_ext")
 
 MAX_CLASSES = 16  # size classes timed per strategy; later ones use the model
+SLOWER_THAN_DEFAULT = 1.10  # a model's pick timed above this x the default is reported
 
 
 class Refiner:
@@ -62,6 +66,8 @@ class Refiner:
             native all-reduce are used for timing and broadcasting).
         calibration: The cluster's `auto.Calibration` (identical on every worker).
         candidates: Algorithms to choose from; empty means all and "native".
+        default: The engine's default algorithm (`engines.default_algorithm`),
+            timed beside the shortlist whenever it is a candidate.
         cache_path: The calibration cache; the chief reads and writes the
             refined choices there. None disables it.
         timing: False never times: the model's choice stands (`calibrate=False`
@@ -77,11 +83,14 @@ class Refiner:
     """
 
     def __init__(self, cross_ops, calibration: auto.Calibration,
-                 candidates: Sequence[str] = (), cache_path: Optional[str] = None,
+                 candidates: Sequence[str] = (), default: Optional[str] = None,
+                 cache_path: Optional[str] = None,
                  timing: bool = True, max_classes: int = MAX_CLASSES, repeats: int = 7):
         self.cross_ops = cross_ops
         self.calibration = calibration
         self.candidates = tuple(candidates)
+        self.default = default if (default and (not candidates or default in candidates)) \
+            else None
         self.cache_path = cache_path
         self.timing = timing
         self.max_classes = max_classes
@@ -97,6 +106,8 @@ class Refiner:
     def choose(self, num_bytes: int, itemsize: int = 4) -> str:
         """The algorithm for a buffer of `num_bytes` (timing its class the first time)."""
         names = auto.shortlist(self.calibration, num_bytes, itemsize, self.candidates)
+        if self.default and self.default not in names and self.calibration.world_size > 1:
+            names += (self.default,)
         if len(names) == 1 or not self.timing:
             return names[0]
         size_class = auto.size_class(num_bytes)
@@ -129,6 +140,13 @@ class Refiner:
         choice = min(zip(chief, names))[1]
         decision.update(choice=choice, source="timed", seconds=time.perf_counter() - start,
                         ms={name: 1e3 * seconds for name, seconds in zip(names, chief)})
+        ms = decision["ms"]
+        if (self._is_chief and self.default in ms
+                and ms[names[0]] > SLOWER_THAN_DEFAULT * ms[self.default]):
+            log.warning("tfdist_ext: allreduce='auto' at %d B: the cost model's pick %s timed "
+                        "%.3f ms, %.2fx the engine's default %s (%.3f ms); replaced by %s.",
+                        num_bytes, names[0], ms[names[0]], ms[names[0]] / ms[self.default],
+                        self.default, ms[self.default], choice)
         if self._is_chief:
             log.info("tfdist_ext: allreduce='auto' at %d B timed %s -> %s (model: %s) in %.1f s",
                      num_bytes, ", ".join(f"{n} {t:.3f} ms" for n, t in decision["ms"].items()),
