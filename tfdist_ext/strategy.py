@@ -340,6 +340,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
         from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
         callbacks = []
+        from tfdist_ext.keras import divergence  # pylint: disable=import-outside-toplevel
+        guard = divergence.guard_for(self.config.sync, self.config.compression, self.sync_runner)
+        if guard is not None:
+            callbacks.append(guard)
         if self.config.compression.momentum:
             callbacks.append(hooks.MomentumCheck(self.config.compression))
         if self.sync_runner is not None:

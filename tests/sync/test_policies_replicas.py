@@ -309,9 +309,11 @@ def test_diloco_refuses_a_compressor():
 @pytest.mark.parametrize("options, message", [
     ({"outer_optimizer": "adam"},
      r"Argument `outer_optimizer` must be one of 'none', 'sgd', 'nesterov'; received 'adam'"),
-    ({"outer_learning_rate": 0}, r"Argument `outer_learning_rate` must be a number > 0; "
-                                 r"received 0\. DiLoCo uses 0\.7"),
-    ({"outer_momentum": 1.0}, r"Argument `outer_momentum` must be in \[0, 1\); received 1\.0"),
+    ({"outer_learning_rate": 0}, r"Argument `outer_learning_rate` must be a number > 0 \(or "
+                                 r"None: chosen from the optimizer\); received 0\. DiLoCo uses "
+                                 r"0\.7; 1\.0 with outer_momentum=0"),
+    ({"outer_momentum": 1.0}, r"Argument `outer_momentum` must be in \[0, 1\) \(or None: "
+                              r"chosen from the optimizer\); received 1\.0"),
 ])
 def test_outer_optimizer_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):

@@ -128,6 +128,10 @@ class Compressor:
     warmup_steps = 0
     momentum = 0.0
     momentum_masking = True
+    #: What to change when training diverges under the compressor (`keras.divergence`).
+    divergence_advice = ("add `warmup_steps` (an epoch of uncompressed steps), send more "
+                         "(PowerSGD `rank`, top-k/random-k `ratio`, QSGD `levels`) or use "
+                         "compression='none'")
 
     def __post_init__(self):
         owner = type(self).__name__

@@ -74,6 +74,7 @@ class Asynchronous(SyncPolicy):
     uses_parameter_servers = True
     communicates = ("gradients to parameter servers and parameters back, every step, "
                     "without waiting for other workers")
+    divergence_advice = "set `staleness_bound` (e.g. 2) or `delay_compensation` (e.g. 0.04)"
 
     def __post_init__(self):
         s = self.staleness_bound

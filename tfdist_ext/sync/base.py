@@ -21,6 +21,8 @@ class SyncPolicy:
     communicates = "gradients every step"
     #: Whether the policy trains against a TF_CONFIG "ps" job (`tfdist_ext.ps`).
     uses_parameter_servers = False
+    #: What to change when training diverges under the policy (`keras.divergence`).
+    divergence_advice = "use sync='sync'"
 
     def check_compression(self, compressor) -> None:
         """Raises ValueError when `compressor` cannot work with this policy.

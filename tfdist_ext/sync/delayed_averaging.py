@@ -40,6 +40,7 @@ class DelayedAveraging(SyncPolicy):
 
     delay: int = 2
     communicates = "gradients through a pipeline of in-flight reductions"
+    divergence_advice = "lower `delay` (1 is the safest relaxed setting)"
 
     def __post_init__(self):
         positive_int("delay", self.delay)

@@ -92,6 +92,7 @@ class Gossip(SyncPolicy):
     mix_slots: bool = False
     mix_gradients: bool = False
     communicates = "parameters with a few peers every step"
+    divergence_advice = "raise `peers` or pass `mix_slots=True`"
 
     def __post_init__(self):
         if self.topology not in TOPOLOGIES:

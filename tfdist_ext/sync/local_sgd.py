@@ -45,7 +45,9 @@ synchronous SGD.
 """
 
 import dataclasses
+import logging
 
+import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
@@ -54,7 +56,41 @@ from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
+log = logging.getLogger("tfdist_ext")
+
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+PAPER_OUTER = (0.7, 0.9)  # DiLoCo's outer (learning rate, momentum), for adaptive inner steps
+MOMENTUM_OUTER = (0.7, 0.3)  # lr / (1 - m) = 1: for inner SGD with momentum
+
+
+def outer_settings(policy, optimizer):
+    """The outer step's (learning rate, momentum): the policy's, or chosen from `optimizer`.
+
+    None in `outer_learning_rate` / `outer_momentum` means: DiLoCo's 0.7 / 0.9
+    (`PAPER_OUTER`, Douillard et al. 2023, measured there with AdamW inner steps)
+    unless the inner optimizer is SGD with momentum, whose steps already carry
+    momentum between rounds; then 0.7 / 0.3 (`MOMENTUM_OUTER`). In steady
+    state a Nesterov outer step moves lr / (1 - m) times the averaged change:
+    7x for 0.7 / 0.9, on top of the 1 / (1 - 0.9) = 10x that inner momentum
+    0.9 already applies, which diverges; 0.7 / 0.3 moves 1x (the slow momentum
+    of SlowMo, Wang, Tantia, Ballas, Rabbat, ICLR 2020, which also runs
+    momentum SGD inside, smooths rounds without amplifying them).
+    """
+    rate, momentum = policy.outer_learning_rate, policy.outer_momentum
+    if rate is not None and momentum is not None:
+        return float(rate), float(momentum)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    inner_momentum = 0.0
+    if isinstance(inner, keras.optimizers.SGD):
+        inner_momentum = float(inner.momentum or 0.0)
+    chosen = MOMENTUM_OUTER if inner_momentum > 0 else PAPER_OUTER
+    rate = chosen[0] if rate is None else float(rate)
+    momentum = chosen[1] if momentum is None else float(momentum)
+    log.info("tfdist_ext: sync=%r: outer %s step with learning rate %g, momentum %g, chosen "
+             "for the inner %s%s (pass outer_learning_rate= and outer_momentum= to set them).",
+             policy.name, policy.outer_optimizer, rate, momentum, type(inner).__name__,
+             f" with momentum {inner_momentum:g}" if inner_momentum else "")
+    return rate, momentum
 
 
 @SYNC_POLICIES.register("local_sgd")
@@ -72,8 +108,9 @@ class LocalSGD(SyncPolicy):
             (v = m v + D; a -= lr (D + m v)), as in DiLoCo (`sync="diloco"`).
             The outer momentum v is per parameter, the same on every replica
             and in the strategy state (checkpointed).
-        outer_learning_rate: lr above, > 0.
-        outer_momentum: m above, in [0, 1).
+        outer_learning_rate: lr above, > 0, or None: chosen from the inner
+            optimizer at the first step (`diloco.outer_settings`).
+        outer_momentum: m above, in [0, 1), or None (as `outer_learning_rate`).
     """
 
     period: int = 4
@@ -83,6 +120,7 @@ class LocalSGD(SyncPolicy):
     outer_learning_rate: float = 1.0
     outer_momentum: float = 0.0
     communicates = "parameters every `period` steps"
+    divergence_advice = "lower `period` (e.g. 2) or add `warmup_steps` (an epoch of synchronous steps)"
 
     def __post_init__(self):
         positive_int("period", self.period)
@@ -95,14 +133,23 @@ class LocalSGD(SyncPolicy):
                 f"{self.outer_optimizer!r}. 'nesterov' is DiLoCo's outer step, 'none' the "
                 "plain average.")
         rate, momentum = self.outer_learning_rate, self.outer_momentum
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-            raise ValueError(f"Argument `outer_learning_rate` must be a number > 0; received "
-                             f"{rate!r}. DiLoCo uses 0.7; 1.0 with outer_momentum=0 is "
+        if (rate is None or momentum is None) and self.outer_optimizer == "none":
+            raise ValueError("Arguments `outer_learning_rate` and `outer_momentum` may be None "
+                             "(chosen from the optimizer) only with an outer optimizer; "
+                             "received outer_optimizer='none'. Pass outer_optimizer='nesterov' "
+                             "or numbers.")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not rate > 0):
+            raise ValueError(f"Argument `outer_learning_rate` must be a number > 0 (or None: "
+                             f"chosen from the optimizer); received {rate!r}. DiLoCo uses "
+                             "0.7; 1.0 with outer_momentum=0 is "
                              "the plain average.")
-        if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
-                or not 0 <= momentum < 1):
-            raise ValueError(f"Argument `outer_momentum` must be in [0, 1); received "
-                             f"{momentum!r}. DiLoCo uses 0.9.")
+        if momentum is not None and (isinstance(momentum, bool)
+                                     or not isinstance(momentum, (int, float))
+                                     or not 0 <= momentum < 1):
+            raise ValueError(f"Argument `outer_momentum` must be in [0, 1) (or None: chosen "
+                             f"from the optimizer); received {momentum!r}. DiLoCo uses 0.9 "
+                             "(0.3 with inner momentum SGD).")
 
     @property
     def sends_changes(self) -> bool:
@@ -152,9 +199,12 @@ class _LocalSGDRunner(PolicyRunner):
         self.sends_changes = (not isinstance(strategy.config.compression, NoCompression)
                              or policy.sends_changes)  # anchors and changes, not values
         self._anchored = []  # the variables whose anchors exist, in key order
+        self.outer = None  # (learning rate, momentum), resolved at the first traced step
         self._num_slots = 0  # the averaged slots come last in the averaged list
 
     def update_step(self, optimizer, grads, variables, learning_rate):
+        if self.outer is None:
+            self.outer = outer_settings(self.policy, optimizer)
         grads = dense_gradients(grads)
         step = tf.cast(optimizer.iterations, tf.int64)
         scale = float(self.world_size)
@@ -269,12 +319,12 @@ class _LocalSGDRunner(PolicyRunner):
         else:
             velocity = self.strategy.state.buffer(f"local_sgd_outer_{j}", replica,
                                                   change.shape.num_elements(), change.dtype)
-            momentum = tf.cast(policy.outer_momentum, change.dtype)
+            momentum = tf.cast(self.outer[1], change.dtype)
             new_velocity = momentum * velocity.read_value() + change
             step = new_velocity if policy.outer_optimizer == "sgd" else (
                 change + momentum * new_velocity)
             updates = [velocity.assign(new_velocity)]
-        return tf.cast(policy.outer_learning_rate, change.dtype) * step, updates
+        return tf.cast(self.outer[0], change.dtype) * step, updates
 
     def _reset_anchors(self, strategy, variables):
         """Anchors := this replica's current values (all equal when this is called)."""

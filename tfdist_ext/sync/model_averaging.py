@@ -60,6 +60,7 @@ class ModelAveraging(SyncPolicy):
     alpha: Optional[float] = None
     momentum: float = 0.9
     communicates = "model corrections every step"
+    divergence_advice = "lower `momentum` (e.g. 0.5) or `learners_per_device` (1)"
 
     def __post_init__(self):
         positive_int("learners_per_device", self.learners_per_device)

@@ -42,6 +42,7 @@ class StaleSynchronous(SyncPolicy):
 
     staleness: int = 2
     communicates = "gradients through a pipeline of in-flight reductions"
+    divergence_advice = "lower `staleness` (1 is the safest relaxed setting)"
 
     def __post_init__(self):
         positive_int("staleness", self.staleness)

@@ -1,0 +1,111 @@
+"""Relaxed modes at their defaults with the user's optimizer, and the divergence guard.
+
+Real `fit` on logical CPU replicas: DiLoCo's outer step chosen from the inner
+optimizer, and `DivergenceGuard` stopping a diverged relaxed or compressed run
+with an error that names the mode and what to change.
+"""
+
+import logging
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist_ext
+from tfdist_ext import sync
+from tfdist_ext.keras import divergence
+from tfdist_ext.sync import local_sgd
+
+
+def _data(seed=0, n=256):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    return x, y
+
+
+def _fit(strategy, make_optimizer, epochs=1):
+    x, y = _data()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        optimizer = make_optimizer()
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, model.fit(x, y, batch_size=32, epochs=epochs, verbose=0)
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    (lambda: keras.optimizers.SGD(0.1), local_sgd.PAPER_OUTER),
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9), local_sgd.MOMENTUM_OUTER),
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.5, nesterov=True), local_sgd.MOMENTUM_OUTER),
+    (lambda: keras.optimizers.Adam(1e-3), local_sgd.PAPER_OUTER),
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+     local_sgd.MOMENTUM_OUTER),
+])
+def test_diloco_outer_step_follows_the_inner_optimizer(optimizer, expected):
+    assert local_sgd.outer_settings(sync.DiLoCo(), optimizer()) == expected
+    given = sync.DiLoCo(outer_learning_rate=0.3)
+    assert local_sgd.outer_settings(given, optimizer()) == (0.3, expected[1])
+    both = sync.DiLoCo(outer_learning_rate=0.3, outer_momentum=0.2)
+    assert local_sgd.outer_settings(both, optimizer()) == (0.3, 0.2)
+
+
+def test_diloco_fit_logs_its_outer_step_and_uses_it(caplog):
+    strategy = tfdist_ext.Strategy(sync={"name": "diloco", "period": 2}, num_replicas=2)
+    with caplog.at_level(logging.INFO, logger="tfdist_ext"):
+        _fit(strategy, lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    assert strategy.sync_runner.outer == local_sgd.MOMENTUM_OUTER
+    assert ("sync='diloco': outer nesterov step with learning rate 0.7, momentum 0.3, chosen "
+            "for the inner SGD with momentum 0.9") in caplog.text
+
+
+def test_outer_settings_need_an_outer_optimizer():
+    with pytest.raises(ValueError, match=r"may be None \(chosen from the optimizer\) only with "
+                                         r"an outer optimizer; received outer_optimizer='none'"):
+        sync.LocalSGD(outer_learning_rate=None)
+
+
+@pytest.mark.parametrize("sync_, compression, names", [
+    ("local_sgd", None, ["sync='local_sgd'", "lower `period`"]),
+    ({"name": "diloco", "period": 2}, None,
+     ["sync='diloco'", "lower `outer_learning_rate` (e.g. 0.5)", "averaging rounds"]),
+    ("sync", {"name": "topk", "ratio": 0.5}, ["compression='topk'", "add `warmup_steps`"]),
+])
+def test_a_diverging_relaxed_or_compressed_fit_stops_with_an_error(sync_, compression, names):
+    strategy = tfdist_ext.Strategy(sync=sync_, compression=compression, num_replicas=2)
+    with pytest.raises(divergence.DivergenceError) as error:
+        _fit(strategy, lambda: keras.optimizers.SGD(1e6), epochs=3)
+    text = str(error.value)
+    assert "tfdist_ext: training diverged under" in text
+    assert "The weights are not usable; fit stopped." in text
+    for name in names:
+        assert name in text, text
+
+
+def test_exact_sync_is_not_guarded():
+    strategy = tfdist_ext.Strategy(num_replicas=2)
+    assert not [c for c in strategy.fit_callbacks()
+                if isinstance(c, divergence.DivergenceGuard)]
+    _, history = _fit(strategy, lambda: keras.optimizers.SGD(1e6), epochs=2)
+    assert not math.isfinite(history.history["loss"][-1])  # Keras' behaviour, unchanged
+
+
+def test_guard_thresholds():
+    guard = divergence.DivergenceGuard("sync='x'", "lower `y`")
+    guard.on_train_begin()
+    guard.on_train_batch_end(0, {"loss": 2.0})
+    guard.on_train_batch_end(1, {"loss": 2.0 * divergence.EXPLODE_FACTOR})  # not above
+    guard.on_train_batch_end(2, {})
+    with pytest.raises(divergence.DivergenceError, match=r"under sync='x' at epoch 1, batch 4: "
+                                                         r"the loss 200\.1 is above 100x"):
+        guard.on_train_batch_end(3, {"loss": 200.1})
+    guard.on_train_begin()  # a new fit measures its own first loss
+    guard.on_train_batch_end(0, {"loss": 500.0})
+    guard.on_train_batch_end(1, {"loss": 600.0})
+    with pytest.raises(divergence.DivergenceError, match="the loss is inf"):
+        guard.on_train_batch_end(2, {"loss": float("inf")})
+    negative = divergence.DivergenceGuard("sync='x'", "lower `y`")
+    negative.on_train_batch_end(0, {"loss": -1.0})
+    negative.on_train_batch_end(1, {"loss": 1e9})  # no scale to compare with
