@@ -2,7 +2,7 @@
 
     python bench/warmup.py --replicas 4 --seeds 0,1,2 --json docs/results/warmup.json
 
-    # the README's result (docs/results/warmup.md): a deep plain ReLU MLP, k = 16
+    # the result in docs/results.md: a deep plain ReLU MLP, k = 16
     python bench/warmup.py --model mlp --depth 8 --width 256 --train-samples 20000 \
         --replicas 4 --seeds 0,1,2 --epochs 20 --base-batch 32 --base-lr 0.02 --k 16 \
         --warmup-epochs 5 --json docs/results/warmup_mlp.json --png docs/results/warmup_mlp.png

@@ -14,7 +14,7 @@ from tests.compression.test_strategy_compression import _reduce
 
 @dataclasses.dataclass(frozen=True)
 class HalfSum(compression.Compressor):
-    """The README's example: one all-reduce of the bucket in float16."""
+    """The example of docs/guide/gradients.md: one all-reduce of the bucket in float16."""
 
     def reduce(self, bucket, comm, state):
         summed = comm.all_reduce(tf.cast(bucket.flat, tf.float16))

@@ -66,8 +66,8 @@ class MGWFBP(Planner):
             and keep the fastest (the chief decides). The calibrated alpha is
             the cost of a lone collective; inside a train step collectives
             pipeline, run concurrently and share the CPU with backprop, which
-            the one-channel timing model does not capture (see the README's
-            bucketing results). False trusts the model.
+            the one-channel timing model does not capture (see
+            docs/results.md#gradient-bucketing). False trusts the model.
     """
 
     method: str = "optimal"

@@ -56,8 +56,8 @@ class Adaptive(Compressor):
 
     Tuning: order `candidates` from least to most compression. Raise
     `max_error` to let stronger compression through (error feedback makes
-    PowerSGD and top-k converge with per-step errors near 1; see the README
-    for measured values), lower it to keep to near-lossless choices. Longer
+    PowerSGD and top-k converge with per-step errors near 1; measured values
+    in docs/results.md#adaptive-compression), lower it to keep to near-lossless choices. Longer
     `probe_steps` give steadier timings on a noisy machine; each probe costs
     len(candidates) * (probe_steps + 1) steps, some with slow candidates.
 

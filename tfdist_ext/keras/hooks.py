@@ -343,7 +343,7 @@ class BackwardProfile(keras.callbacks.Callback):
         plans = [(("alpha", scale), self.planner.plan(list(sizes), times, alpha * scale, beta))
                  for scale in self.ALPHA_SCALES]
         # Equal-size buckets: TF runs independent collectives concurrently, which
-        # MG-WFBP's one-channel model does not capture (see the README).
+        # MG-WFBP's one-channel model does not capture (docs/results.md#gradient-bucketing).
         plans += [(("parts", parts), bucketing.FixedSize(
             max(1, -(-sum(sizes) // parts))).plan(list(sizes))) for parts in self.EQUAL_PARTS]
         seen = set()

@@ -38,7 +38,7 @@ replica) and small per-replica batches, parameter mixing does not undo
 what each replica's optimizer does with its own noisy gradient: mix the
 gradients too (`mix_gradients`), so each optimizer steps on the mixed
 gradient of 1 + p replicas' batches, at one more model-sized message per
-peer and step (README's gossip section has the measurements).
+peer and step (docs/results.md#gossip-at-4-workers has the measurements).
 """
 
 import dataclasses
