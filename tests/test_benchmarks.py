@@ -44,6 +44,8 @@ def test_bucketing_benchmark_tiny(tmp_path):
 
 
 @pytest.mark.multiworker
+# Out of CI (~70 s each): the mode has its own worker test; run by hand before results.
+@pytest.mark.bench
 def test_compression_accuracy_benchmark_tiny(tmp_path):
     out = tmp_path / "c.json"
     stdout = _run("compression_accuracy.py", "--workers", "2", "--seeds", "0", "--configs",
@@ -87,6 +89,8 @@ def test_scaling_benchmark_tiny(tmp_path):
 
 
 @pytest.mark.multiworker
+# Out of CI (~70 s each): the mode has its own worker test; run by hand before results.
+@pytest.mark.bench
 def test_adaptive_benchmark_tiny(tmp_path):
     out = tmp_path / "a.json"
     _run("adaptive.py", "--links", "none", "--configs", "sync,adaptive", "--repeats", "1",

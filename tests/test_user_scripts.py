@@ -1,4 +1,4 @@
-"""Other people's scripts, run unchanged on 2 and 3 workers (issue 34).
+"""Other people's scripts, run unchanged on 3 workers, the tutorial also on 2 (issue 34).
 
 Copies (offline data, smaller models) of keras-io's text classifier, its
 custom train_step examples and TF's multi-worker tutorial, plus the ways
@@ -15,7 +15,9 @@ import pytest
 from conftest import ROOT, launch, read_worker_json
 
 SCRIPTS = ROOT / "tests" / "workers" / "user_scripts"
-WORKERS = [2, 3]
+# 3 workers: an odd world, and the one where the chief's saves and the coordination
+# service's end raced; 2 more only for the tutorial (CI time: ~25 s per launch).
+WORKERS = [3]
 
 
 def run(script, num_workers, out):
@@ -68,7 +70,7 @@ def test_custom_train_steps_log_what_one_process_logs(tmp_path, num_workers,
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("num_workers", WORKERS)
+@pytest.mark.parametrize("num_workers", [2, 3])
 def test_tutorial_loads_what_the_chief_saved(tmp_path, num_workers):
     results, _ = run("tutorial.py", num_workers, tmp_path)
     for result in results:

@@ -88,7 +88,9 @@ def test_relaxed_policies_train_with_uneven_batches(policy):
 
 @pytest.mark.multiworker
 def test_three_workers_batch_64_every_algorithm_and_policy(tmp_path):
-    specs = [{"allreduce": name} for name in ("native", "ring", "butterfly", "tree")]
+    # Every algorithm runs uneven batches on logical replicas above; across processes the
+    # fused native op and one schedule of the engine (CI time).
+    specs = [{"allreduce": name} for name in ("native", "ring")]
     # One policy per way of meeting (averaging drain, ticket pipeline, learners, peers);
     # every relaxed policy runs uneven batches on logical replicas above. CI time.
     specs += [{"sync": policy} for policy in RELAXED
