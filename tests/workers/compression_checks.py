@@ -3,7 +3,8 @@
     python compression_checks.py OUT_DIR name [name ...]
 
 For each compressor name: a small Keras fit under tfdist_ext.Strategy(compression=name);
-writes the losses, a weight checksum and the byte counters to OUT_DIR/w<index>.json.
+writes the losses (or the divergence guard's message), a weight checksum and the byte
+counters to OUT_DIR/w<index>.json.
 """
 
 import hashlib
@@ -16,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist_ext
+from tfdist_ext.keras import divergence
 
 
 def fit(name):
@@ -29,11 +31,16 @@ def fit(name):
                                   keras.layers.Dense(64, activation="tanh"),
                                   keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
-    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=6,
-                        verbose=0)
+    result = {}
+    try:
+        history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=6,
+                            verbose=0)
+        result["loss"] = history.history["loss"]
+    except divergence.DivergenceError as error:  # stopped by the guard, on every worker
+        result["diverged"] = str(error)
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
-    return {"loss": history.history["loss"], "stats": strategy.communication_stats(),
-            "sha": hashlib.sha256(weights.tobytes()).hexdigest()}
+    return dict(result, stats=strategy.communication_stats(),
+                sha=hashlib.sha256(weights.tobytes()).hexdigest())
 
 
 def main(out_dir, *names):
