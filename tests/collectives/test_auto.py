@@ -144,7 +144,8 @@ def test_cache_keeps_one_entry_per_cluster_engine_and_transport(tmp_path, monkey
     assert calibration.read_cache(path, keys["ucx"]).alpha == 1e-6
     assert calibration.read_refined(path, keys["tf"]) == {24: "native"}
     assert calibration.read_refined(path, keys["ucx"]) == {24: "butterfly"}
-    assert calibration.read_cache(path, "xyz") is None and calibration.read_refined(path, "xyz") == {}
+    assert calibration.read_cache(path, "xyz") is None
+    assert calibration.read_refined(path, "xyz") == {}
     for n in range(calibration.MAX_ENTRIES + 2):
         calibration.write_cache(path, _calibration(cluster_key=f"k{n}"))
     assert len(json.loads(path.read_text())["clusters"]) == calibration.MAX_ENTRIES

@@ -6,8 +6,9 @@ and the model interpolates between them. It ranks algorithms that differ by
 is the usual case at the model's actual buffer sizes. So the first time a
 buffer size is reduced, the candidates modelled within `auto.REFINE_MARGIN` of
 the best (at most `auto.REFINE_LIMIT`, plus "native"; see `auto.shortlist`)
-and the engine's default algorithm are timed on a buffer of exactly that size, and the fastest by the chief's
-clock is kept for every buffer in the same half-octave (`auto.size_class`).
+and the engine's default algorithm are timed on a buffer of exactly that
+size, and the fastest by the chief's clock is kept for every buffer in the
+same half-octave (`auto.size_class`).
 The chief's clock is the median of interleaved calls at every size, unlike
 the probe's minimum at 1 MB and above: two algorithms can share a minimum
 while their typical times differ widely. This is what NCCL's tuner cannot do
