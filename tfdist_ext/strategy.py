@@ -338,9 +338,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
-        from tfdist_ext.keras import hooks  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.keras import divergence, hooks  # pylint: disable=import-outside-toplevel
         callbacks = []
-        from tfdist_ext.keras import divergence  # pylint: disable=import-outside-toplevel
         guard = divergence.guard_for(self.config.sync, self.config.compression, self.sync_runner)
         if guard is not None:
             callbacks.append(guard)

@@ -90,8 +90,7 @@ class Refiner:
         self.cross_ops = cross_ops
         self.calibration = calibration
         self.candidates = tuple(candidates)
-        self.default = default if (default and (not candidates or default in candidates)) \
-            else None
+        self.default = default if default and (not candidates or default in candidates) else None
         self.cache_path = cache_path
         self.timing = timing
         self.max_classes = max_classes

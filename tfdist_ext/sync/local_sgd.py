@@ -109,7 +109,7 @@ class LocalSGD(SyncPolicy):
             The outer momentum v is per parameter, the same on every replica
             and in the strategy state (checkpointed).
         outer_learning_rate: lr above, > 0, or None: chosen from the inner
-            optimizer at the first step (`diloco.outer_settings`).
+            optimizer at the first step (`outer_settings`).
         outer_momentum: m above, in [0, 1), or None (as `outer_learning_rate`).
     """
 
@@ -120,7 +120,8 @@ class LocalSGD(SyncPolicy):
     outer_learning_rate: float = 1.0
     outer_momentum: float = 0.0
     communicates = "parameters every `period` steps"
-    divergence_advice = "lower `period` (e.g. 2) or add `warmup_steps` (an epoch of synchronous steps)"
+    divergence_advice = ("lower `period` (e.g. 2) or add `warmup_steps` (an epoch of "
+                         "synchronous steps)")
 
     def __post_init__(self):
         positive_int("period", self.period)
@@ -142,8 +143,7 @@ class LocalSGD(SyncPolicy):
                                  or not rate > 0):
             raise ValueError(f"Argument `outer_learning_rate` must be a number > 0 (or None: "
                              f"chosen from the optimizer); received {rate!r}. DiLoCo uses "
-                             "0.7; 1.0 with outer_momentum=0 is "
-                             "the plain average.")
+                             "0.7; 1.0 with outer_momentum=0 is the plain average.")
         if momentum is not None and (isinstance(momentum, bool)
                                      or not isinstance(momentum, (int, float))
                                      or not 0 <= momentum < 1):
