@@ -150,10 +150,9 @@ setup(
     extras_require={"cpu": ["tensorflow-cpu>=2.21.0,<2.22"], "gpu": ["tensorflow>=2.21.0,<2.22"],
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
                     "bench": ["torch>=2.13,<2.14"],  # the Gloo peer rows of bench/engines.py
-                    "examples": ["mnist1d>=0.0.2.post1,<0.1", "scikit-learn>=1.9.1,<1.10",
-                                 "matplotlib>=3.11.2,<3.12"],
+                    "examples": ["mnist1d>=0.0.2.post1,<0.1", "matplotlib>=3.11.2,<3.12"],
                     "test": ["pytest>=9.0.3,<9.3", "mnist1d>=0.0.2.post1,<0.1",
-                             "scikit-learn>=1.9.1,<1.10", "matplotlib>=3.11.2,<3.12"]},
+                             "matplotlib>=3.11.2,<3.12"]},
     ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),
                  Extension("tfdist_ext.ops._tfdist_ucx", sources=[], optional=True)],
     cmdclass={"build_ext": BuildTfOps},

@@ -1,6 +1,6 @@
 """Any global batch size on any replica count: fit equals single-process training.
 
-scikit-learn's digits (1,347 training samples) in batches of 64 over 3
+Generated 8x8 digits (1,347 training samples) in batches of 64 over 3
 replicas: local batches of 22/21/21 and a partial last batch of 3, or of 2
 (one replica empty) with 1,346 samples.
 """

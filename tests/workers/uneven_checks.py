@@ -5,8 +5,8 @@
 Each RUN_JSON names strategy options ({"allreduce": ..., "sync": ...,
 "compression": ...}) and optionally "shard": true (the user shards the data
 per worker, unequally, with auto-sharding off, so one worker's data runs out
-first). For each run, in one process: scikit-learn's digits (1,347 training
-samples) in `tf.data` batches of 64, a small MLP trained for 2 epochs under a
+first). For each run, in one process: 1,347 generated 8x8 digits
+(tests/workers/digits8x8.py) in `tf.data` batches of 64, a small MLP trained for 2 epochs under a
 `tfdist_ext.Strategy`, then `evaluate` and `predict`; the same model trained
 without a strategy (one replica, same initial weights, same data) is the
 reference. Writes per-run losses, metrics and weight digests to
@@ -21,9 +21,9 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import tfdist_ext
+from tests.workers.digits8x8 import load_digits
 
 SAMPLES, BATCH, EPOCHS = 1347, 64, 2
 

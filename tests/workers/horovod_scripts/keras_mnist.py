@@ -1,7 +1,8 @@
 """Horovod's Keras MNIST recipe, written against `tfdist_ext.horovod` (a test script).
 
 The API usage of Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py, with
-the import changed, scikit-learn's digits instead of a download, and Keras 3's
+the import changed, generated 8x8 digits
+(tests/workers/digits8x8.py) instead of a download, and Keras 3's
 removed `experimental_run_tf_function` argument dropped. Usage:
 
     tfdist-run -np 2 python keras_mnist.py OUT_DIR
@@ -11,9 +12,9 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import tfdist_ext.horovod.tensorflow.keras as hvd
+from tests.workers.digits8x8 import load_digits
 
 # Initialize Horovod, pin one GPU per process (none on this machine).
 hvd.init()

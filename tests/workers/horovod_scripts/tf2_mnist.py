@@ -2,7 +2,8 @@
 `tfdist_ext.horovod` (a test script).
 
 The API usage of Horovod's examples/tensorflow2/tensorflow2_mnist.py with the
-import changed and scikit-learn's digits instead of a download. Usage:
+import changed and generated 8x8 digits
+(tests/workers/digits8x8.py) instead of a download. Usage:
 
     tfdist-run -np 2 python tf2_mnist.py OUT_DIR
 """
@@ -11,9 +12,9 @@ import os
 import sys
 
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import tfdist_ext.horovod.tensorflow as hvd
+from tests.workers.digits8x8 import load_digits
 
 hvd.init()
 gpus = tf.config.experimental.list_physical_devices("GPU")
