@@ -1,8 +1,10 @@
-"""Other people's scripts, run unchanged on 3 workers, the tutorial also on 2 (issue 34).
+"""Other people's scripts, run unchanged on 2 and 3 workers (issue 34).
 
 Copies (offline data, smaller models) of keras-io's text classifier, its
 custom train_step examples and TF's multi-worker tutorial, plus the ways
-scripts shuffle before `fit`; see tests/workers/user_scripts/.
+scripts shuffle before `fit`; see tests/workers/user_scripts/. The four run
+one after another in one launch per worker count (tests/workers/run_scripts.py),
+the text classifier first: it adapts a layer before any strategy exists.
 """
 
 import os
@@ -15,25 +17,31 @@ import pytest
 from conftest import ROOT, launch, read_worker_json
 
 SCRIPTS = ROOT / "tests" / "workers" / "user_scripts"
-# 3 workers: an odd world, and the one where the chief's saves and the coordination
-# service's end raced; 2 more only for the tutorial (CI time: ~25 s per launch).
-WORKERS = [3]
+DRIVER = ROOT / "tests" / "workers" / "run_scripts.py"
+ORDER = ["text_classifier", "unseeded_shuffle", "custom_steps", "tutorial"]
 
 
-def run(script, num_workers, out):
-    code, text, _ = launch(num_workers, [SCRIPTS / script, out], timeout=360)
+@pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
+def job(request, tmp_path_factory):
+    """One launch of every script on 2 (then 3) workers: {"workers", "out", "text"}."""
+    out = tmp_path_factory.mktemp(f"scripts{request.param}")
+    scripts = [SCRIPTS / f"{name}.py" for name in ORDER]
+    code, text, _ = launch(request.param, [DRIVER, out, *scripts], timeout=600)
     assert code == 0, text[-4000:]
-    return read_worker_json(out, num_workers), text
+    return {"workers": request.param, "out": out, "text": text}
+
+
+def results(job, script):
+    return read_worker_json(job["out"] / script, job["workers"])
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("num_workers", WORKERS)
-def test_text_classifier_adapts_before_the_strategy(tmp_path, num_workers):
-    results, text = run("text_classifier.py", num_workers, tmp_path)
-    assert "Collective ops must be configured" not in text
-    first = results[0]
+def test_text_classifier_adapts_before_the_strategy(job):
+    workers = results(job, "text_classifier")
+    assert "Collective ops must be configured" not in job["text"]
+    first = workers[0]
     assert len(first["vocabulary"]) == 12 and len(first["scores"]) == 4
-    for other in results[1:]:
+    for other in workers[1:]:
         assert other["vocabulary"] == first["vocabulary"]
         np.testing.assert_allclose(other["loss"], first["loss"], rtol=1e-6)
         np.testing.assert_allclose(other["weights"], first["weights"], rtol=1e-6)
@@ -51,47 +59,43 @@ def one_process_custom_steps(tmp_path_factory):
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("num_workers", WORKERS)
-def test_custom_train_steps_log_what_one_process_logs(tmp_path, num_workers,
-                                                      one_process_custom_steps):
+def test_custom_train_steps_log_what_one_process_logs(job, one_process_custom_steps):
     """A custom step's own loss tracker (it was 1/N of this) and a GAN without call()."""
-    results, _ = run("custom_steps.py", num_workers, tmp_path)
+    workers = results(job, "custom_steps")
     one = one_process_custom_steps
-    for result in results:
+    for result in workers:
         np.testing.assert_allclose(result["loss"], one["loss"], rtol=1e-4)
         np.testing.assert_allclose(result["mae"], one["mae"], rtol=1e-4)
         np.testing.assert_allclose(result["weights"], one["weights"], rtol=1e-4)
         assert len(result["gan"]["d_loss"]) == 2
         # The GAN's noise differs per replica, so its values are compared across
         # workers, and its losses are near one process's (BCE of a fresh model).
-        np.testing.assert_allclose(result["gan"]["d_loss"], results[0]["gan"]["d_loss"])
-        np.testing.assert_allclose(result["gan_weights"], results[0]["gan_weights"])
+        np.testing.assert_allclose(result["gan"]["d_loss"], workers[0]["gan"]["d_loss"])
+        np.testing.assert_allclose(result["gan_weights"], workers[0]["gan_weights"])
         np.testing.assert_allclose(result["gan"]["d_loss"], one["gan"]["d_loss"], rtol=0.05)
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("num_workers", [2, 3])
-def test_tutorial_loads_what_the_chief_saved(tmp_path, num_workers):
-    results, _ = run("tutorial.py", num_workers, tmp_path)
-    for result in results:
-        assert result["latest_checkpoint"] == str(tmp_path / "ckpt" / "ckpt-1")
+def test_tutorial_loads_what_the_chief_saved(job):
+    workers, out = results(job, "tutorial"), job["out"] / "tutorial"
+    for result in workers:
+        assert result["latest_checkpoint"] == str(out / "ckpt" / "ckpt-1")
         assert result["note"] == "written by the chief"
-        np.testing.assert_allclose(result["loaded_weights"], results[0]["loaded_weights"])
-    assert (tmp_path / "keras-model.keras").exists()
+        np.testing.assert_allclose(result["loaded_weights"], workers[0]["loaded_weights"])
+    assert (out / "keras-model.keras").exists()
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("num_workers", WORKERS)
-def test_unseeded_shuffles_are_reported_and_keras_shuffles_agree(tmp_path, num_workers):
-    results, _ = run("unseeded_shuffle.py", num_workers, tmp_path)
-    for result in results:
+def test_unseeded_shuffles_are_reported_and_keras_shuffles_agree(job):
+    workers = results(job, "unseeded_shuffle")
+    for result in workers:
         for name in ("unseeded_dataset", "permuted_arrays"):
             assert len(result[name]) == 1, result
             assert "differ in content or order" in result[name][0]
             assert "seed every shuffle made before fit" in result[name][0]
         assert result["seeded_dataset"] == [] and result["keras_shuffle"] == []
         # One TF global seed on every worker: Keras' own shuffle of arrays agrees.
-        assert result["global_seed"] == results[0]["global_seed"]
+        assert result["global_seed"] == workers[0]["global_seed"]
 
 
 @pytest.mark.multiworker

@@ -338,8 +338,12 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
-        from tfdist_ext.keras import divergence, hooks  # pylint: disable=import-outside-toplevel
-        callbacks = []
+        # pylint: disable-next=import-outside-toplevel
+        from tfdist_ext.keras import divergence, hooks, optimizer_check
+        if getattr(self, "_optimizer_check", None) is None:
+            self._optimizer_check = optimizer_check.OptimizerCheck(self.config.sync,
+                                                                   self.config.compression)
+        callbacks = [self._optimizer_check]
         guard = divergence.guard_for(self.config.sync, self.config.compression, self.sync_runner)
         if guard is not None:
             callbacks.append(guard)

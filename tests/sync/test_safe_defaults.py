@@ -109,3 +109,49 @@ def test_guard_thresholds():
     negative = divergence.DivergenceGuard("sync='x'", "lower `y`")
     negative.on_train_batch_end(0, {"loss": -1.0})
     negative.on_train_batch_end(1, {"loss": 1e9})  # no scale to compare with
+
+
+@pytest.mark.parametrize("sync_, compression, optimizer, expected", [
+    ("stale_synchronous", None, keras.optimizers.SGD(0.1, momentum=0.9),
+     ["sync='stale_synchronous' with SGD(momentum=0.9): gradients applied `staleness` steps "
+      "late add to the optimizer's momentum"]),
+    ("async", None, keras.optimizers.SGD(0.1, momentum=0.5),
+     ["sync='async' with SGD(momentum=0.5): stale gradients add to the optimizer's momentum"]),
+    (None, "adaptive", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='adaptive' with SGD(momentum=0.9): the error-feedback residual"]),
+    ("stale_synchronous", None, keras.optimizers.SGD(0.1), []),
+    ("stale_synchronous", None, keras.optimizers.Adam(), []),
+    ("diloco", "none", keras.optimizers.SGD(0.1, momentum=0.9), []),
+    ("sync", "powersgd", keras.optimizers.SGD(0.1, momentum=0.9), []),
+])
+def test_momentum_cautions_name_the_mode_the_cost_and_the_safer_choice(sync_, compression,
+                                                                       optimizer, expected):
+    from tfdist_ext import compression as compression_lib  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.keras import optimizer_check  # pylint: disable=import-outside-toplevel
+    texts = optimizer_check.cautions(sync.get(sync_), compression_lib.get(compression), optimizer)
+    assert len(texts) == len(expected)
+    for text, start in zip(texts, expected):
+        assert text.startswith("tfdist_ext: " + start), text
+        assert "points below" in text and "safer" in text, text
+
+
+def test_fit_warns_once_before_the_first_step_with_momentum_sgd(caplog):
+    from tfdist_ext.keras import optimizer_check  # pylint: disable=import-outside-toplevel
+    strategy = tfdist_ext.Strategy(num_replicas=2, sync="stale_synchronous")
+    x, y = _data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    seen = []
+
+    class FirstBatch(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(len([r for r in caplog.records if "momentum=0.9" in r.getMessage()]))
+
+    with caplog.at_level(logging.WARNING, logger="tfdist_ext"):
+        with pytest.warns(optimizer_check.ModeOptimizerWarning, match="4.7 points below"):
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[FirstBatch()])
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert seen[0] == 1  # before the first step
+    assert len([r for r in caplog.records if "momentum=0.9" in r.getMessage()]) == 1

@@ -89,6 +89,11 @@ class Adaptive(Compressor):
     warmup_steps: int = 0
 
     error_feedback = True
+    momentum_caution = (
+        "the error-feedback residual of the stronger candidates (top-k 1%) is applied late "
+        "into the momentum; on a 2-worker MLP (8x8 digits, 15 epochs) adaptive ended 4.0 "
+        "points below dense (0.936 against 0.976). With this optimizer compression='powersgd' "
+        "(0.973 there) or Adaptive(candidates=('none', 'bf16', 'powersgd')) are safer")
 
     def __post_init__(self):
         super().__post_init__()

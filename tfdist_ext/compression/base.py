@@ -132,6 +132,9 @@ class Compressor:
     divergence_advice = ("add `warmup_steps` (an epoch of uncompressed steps), send more "
                          "(PowerSGD `rank`, top-k/random-k `ratio`, QSGD `levels`) or use "
                          "compression='none'")
+    #: What SGD with momentum costs under the compressor and the safer choice, where
+    #: measured (`keras.optimizer_check` warns with it when `fit` starts); "" when safe.
+    momentum_caution = ""
 
     def __post_init__(self):
         owner = type(self).__name__

@@ -75,6 +75,12 @@ class Asynchronous(SyncPolicy):
     communicates = ("gradients to parameter servers and parameters back, every step, "
                     "without waiting for other workers")
     divergence_advice = "set `staleness_bound` (e.g. 2) or `delay_compensation` (e.g. 0.04)"
+    momentum_caution = (
+        "stale gradients add to the optimizer's momentum (asynchrony acts as extra momentum: "
+        "Mitliagkas et al., 2016); on a 2-worker MLP (8x8 digits, 15 epochs) it ended 4.5 "
+        "points below synchronous SGD (0.931 against 0.976), on mnist1d 6 points below. Adam "
+        "is safer here (async measured above synchronous with it), or "
+        "sync='delayed_averaging' / 'local_sgd' when no worker is permanently slow")
 
     def __post_init__(self):
         s = self.staleness_bound

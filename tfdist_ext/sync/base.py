@@ -23,6 +23,9 @@ class SyncPolicy:
     uses_parameter_servers = False
     #: What to change when training diverges under the policy (`keras.divergence`).
     divergence_advice = "use sync='sync'"
+    #: What SGD with momentum costs under the policy and the safer choice, where measured
+    #: (`keras.optimizer_check` warns with it when `fit` starts); "" when it is safe.
+    momentum_caution = ""
 
     def check_compression(self, compressor) -> None:
         """Raises ValueError when `compressor` cannot work with this policy.

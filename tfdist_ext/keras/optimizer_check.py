@@ -1,0 +1,69 @@
+"""Warns when `fit` starts if the model's optimizer is one a mode was measured to hurt.
+
+Relaxed synchronization and compression were tuned with the optimizers of their
+papers. Some of them cost accuracy with SGD + momentum, the optimizer most
+scripts bring: stale gradients and late error-feedback residuals add to the
+momentum (Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
+application to deep learning", 2016). Each `SyncPolicy` and `Compressor` states
+what it costs with momentum SGD, and the safer choice, in `momentum_caution`
+("" when measured safe); the optimizer is known only once the model is
+compiled, so `OptimizerCheck` (added first to `fit`'s callbacks by
+`Strategy.fit_callbacks`) warns at `on_train_begin`, before the first step,
+once per strategy.
+"""
+
+import logging
+import warnings
+from typing import List
+
+import keras
+
+log = logging.getLogger("tfdist_ext")
+
+
+class ModeOptimizerWarning(UserWarning):
+    """A sync policy or compressor runs with an optimizer it was measured to hurt."""
+
+
+def _momentum(optimizer) -> float:
+    if isinstance(optimizer, keras.optimizers.SGD):
+        return float(optimizer.momentum or 0.0)
+    return 0.0
+
+
+def cautions(sync, compressor, optimizer) -> List[str]:
+    """What the strategy's modes cost with `optimizer`, one sentence per mode ([] if nothing).
+
+    Args:
+        sync: The `SyncPolicy`.
+        compressor: The `Compressor`.
+        optimizer: The model's Keras optimizer (None: nothing to say).
+    """
+    momentum = _momentum(optimizer)
+    if momentum <= 0:
+        return []
+    found = []
+    for option, mode in (("sync", sync), ("compression", compressor)):
+        text = getattr(mode, "momentum_caution", "")
+        if text:
+            name = getattr(mode, "name", type(mode).__name__)
+            found.append(f"tfdist_ext: {option}={name!r} with SGD(momentum={momentum:g}): "
+                         f"{text}.")
+    return found
+
+
+class OptimizerCheck(keras.callbacks.Callback):
+    """Warns (`ModeOptimizerWarning` and the "tfdist_ext" logger) once, at the first `fit`."""
+
+    def __init__(self, sync, compressor):
+        super().__init__()
+        self.sync, self.compressor = sync, compressor
+        self.done = False
+
+    def on_train_begin(self, logs=None):
+        if self.done:
+            return
+        self.done = True
+        for text in cautions(self.sync, self.compressor, getattr(self.model, "optimizer", None)):
+            log.warning("%s", text)
+            warnings.warn(text, ModeOptimizerWarning, stacklevel=2)
