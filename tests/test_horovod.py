@@ -8,6 +8,7 @@ from tfdist_ext.horovod import _collectives, _gradients, _runtime
 
 CHECKS = ROOT / "tests" / "workers" / "horovod_checks.py"
 SCRIPTS = ROOT / "tests" / "workers" / "horovod_scripts"
+DRIVER = ROOT / "tests" / "workers" / "run_scripts.py"
 
 
 @pytest.mark.multiworker
@@ -17,33 +18,46 @@ def test_every_collective_matches_numpy_on_three_workers():
     assert all(f"[{i}] api ok" in out for i in range(3)), out[-4000:]
 
 
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """One 2-worker launch: the training checks, then Horovod's example scripts."""
+    out = tmp_path_factory.mktemp("horovod")
+    code, text, _ = launch(2, [DRIVER, out, f"{CHECKS} training",
+                               SCRIPTS / "keras_mnist.py", SCRIPTS / "tf2_mnist.py",
+                               f"{SCRIPTS / 'keras_synthetic_benchmark.py'} --fp16-allreduce"],
+                           timeout=480)
+    assert code == 0, text[-4000:]
+    return out, text
+
+
 @pytest.mark.multiworker
-def test_distributed_optimizer_and_tape_train_like_one_process_on_the_global_batch():
+def test_distributed_optimizer_and_tape_train_like_one_process_on_the_global_batch(two_workers):
     """DistributedOptimizer (with backward_passes_per_step 1 and 2) and DistributedGradientTape."""
-    code, out, _ = launch(2, [CHECKS, "training"], timeout=240)
-    assert code == 0, out[-4000:]
+    _, out = two_workers
     assert "[0] training ok" in out and "[1] training ok" in out, out[-4000:]
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("script, extra, expect", [
-    ("keras_mnist.py", [], "final accuracy"),
-    ("tf2_mnist.py", [], "last loss"),
-    ("keras_synthetic_benchmark.py", ["--fp16-allreduce"], "Total img/sec on 2 device(s)"),
-])
-def test_horovod_style_scripts_run_with_only_the_import_changed(tmp_path, script, extra, expect):
-    args = [SCRIPTS / script, *(extra or [tmp_path])]
-    code, out, _ = launch(2, args, timeout=240)
-    assert code == 0, out[-4000:]
-    assert expect in out, out[-4000:]
-    if script == "keras_mnist.py":
-        accuracies = [float(line.split("final accuracy ")[1].split(",")[0])
-                      for line in out.splitlines() if "final accuracy" in line]
-        assert len(accuracies) == 2 and min(accuracies) > 0.9, accuracies
-        assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
-            f"checkpoint-{e}.weights.h5" for e in range(1, 5)]  # rank 0 only wrote them
-    if script == "tf2_mnist.py":
-        assert (tmp_path / "checkpoint").exists()
+def test_horovod_keras_example_runs_with_only_the_import_changed(two_workers):
+    out_dir, out = two_workers
+    accuracies = [float(line.split("final accuracy ")[1].split(",")[0])
+                  for line in out.splitlines() if "final accuracy" in line]
+    assert len(accuracies) == 2 and min(accuracies) > 0.9, accuracies
+    assert sorted(p.name for p in (out_dir / "keras_mnist").glob("checkpoint-*")) == [
+        f"checkpoint-{e}.weights.h5" for e in range(1, 5)]  # rank 0 only wrote them
+
+
+@pytest.mark.multiworker
+def test_horovod_tf2_example_runs_with_only_the_import_changed(two_workers):
+    out_dir, out = two_workers
+    assert "last loss" in out, out[-4000:]
+    assert (out_dir / "tf2_mnist" / "checkpoint").exists()
+
+
+@pytest.mark.multiworker
+def test_horovod_synthetic_benchmark_runs_with_only_the_import_changed(two_workers):
+    _, out = two_workers
+    assert "Total img/sec on 2 device(s)" in out, out[-4000:]
 
 
 def test_topology_from_the_cluster_addresses():

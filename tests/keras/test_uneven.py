@@ -13,12 +13,14 @@ import pytest
 import tensorflow as tf
 
 import tfdist_ext
-from tfdist_ext.collectives import schedule
 from tfdist_ext.ops import ucx as ucx_ops
 from tests.workers import uneven_checks
 from conftest import ROOT, launch, read_worker_json
 
-ALGORITHMS = ["native", *schedule.ALGORITHMS.names()]
+# Uneven batches are handled above the all-reduce (the same masked tensors reach every
+# algorithm; each algorithm is checked against numpy in tests/collectives): TF's fused op,
+# the engine's default and one schedule that pairs replicas (3 is not a power of two).
+ALGORITHMS = ["native", "ring", "butterfly"]
 RELAXED = [{"name": "local_sgd", "period": 3}, {"name": "stale_synchronous", "staleness": 2},
            {"name": "delayed_averaging", "delay": 2},
            {"name": "model_averaging", "learners_per_device": 2},
