@@ -4,6 +4,10 @@ These are internal APIs of TensorFlow 2.21 and Keras 3.15 (see
 ../shared/TF_NOTES.md); when upgrading TensorFlow, this module and the C++
 kernels are what to re-check. Nothing else in the package may import
 `tensorflow.python.*` or `keras.src.*`.
+
+The Keras methods tfdist_ext replaces (most of them on the private classes and
+modules below) are listed, with the reason for each and the Keras versions
+checked, in `tfdist_ext.keras.patches`, the one module that installs them.
 """
 
 # pylint: disable=unused-import,g-direct-tensorflow-import
@@ -45,20 +49,21 @@ init_scope = ops.init_scope
 # TF's fusion rule for CommunicationOptions.bytes_per_pack: packs of at least
 # bytes_per_pack bytes, in order (0: one pack).
 group_by_size = cross_device_utils.group_by_size
-# Keras' TF-backend optimizer and trainer: `tfdist_ext.keras.hooks` wraps
+# Keras' TF-backend optimizer and trainer: `tfdist_ext.keras.patches` wraps
 # `TFOptimizer._backend_update_step` (where Keras all-reduces gradients and
 # applies them), `TensorFlowTrainer.make_train_function` and `.fit` so that a
 # sync policy can replace the per-step all-reduce (TF_NOTES.md section 1).
 TFOptimizer = keras_tf_optimizer.TFOptimizer
 TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
 PerReplica = distribute_values.PerReplica
-# `tfdist_ext.keras.optimizer_fixes` wraps `TFOptimizer._backend_apply_gradients`
-# and `LossScaleOptimizer._tf_apply` so that clipping, gradient accumulation and
-# loss-scale skips decide on the all-reduced gradients.
+# `tfdist_ext.keras.patches` wraps `TFOptimizer._backend_apply_gradients` and
+# `LossScaleOptimizer._tf_apply` (`keras.optimizer_fixes`) so that clipping,
+# gradient accumulation and loss-scale skips decide on the all-reduced gradients.
 LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 # `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
 # (module functions, looked up at call time by Keras' losses and trainer) are
-# wrapped by `tfdist_ext.keras.uneven` to weight replicas by their samples.
+# wrapped (`tfdist_ext.keras.patches`, `keras.uneven`) to weight replicas by
+# their samples.
 # Likewise the TF backend's `keras_tf_nn.conv`, `depthwise_conv`, `separable_conv`
 # and `max_pool` (looked up at call time by `keras.ops`), for empty batches.
 

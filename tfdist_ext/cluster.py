@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.registry import positive_int
 
 TF_CONFIG = "TF_CONFIG"
 _WORKER_JOBS = ("chief", "worker")
@@ -111,6 +112,25 @@ def parse_tf_config(raw: Optional[str]) -> Optional[ClusterSpec]:
 def cluster_from_env() -> Optional[ClusterSpec]:
     """The validated TF_CONFIG of this process, or None."""
     return parse_tf_config(os.environ.get(TF_CONFIG))
+
+
+def replica_devices(num_replicas: Optional[int], spec: Optional[ClusterSpec]):
+    """The devices of `Strategy(num_replicas=...)`: `local_devices`, or None when not given.
+
+    Raises:
+        ValueError: `num_replicas` is not a positive integer, or is combined
+            with TF_CONFIG (`spec`).
+    """
+    if num_replicas is None:
+        return None
+    positive_int("num_replicas", num_replicas)
+    if spec is not None:
+        raise ValueError(
+            f"Argument `num_replicas` ({num_replicas}) cannot be combined with "
+            f"TF_CONFIG: with a cluster each worker runs one replica per local "
+            "GPU (one on CPU). Drop `num_replicas`, or unset TF_CONFIG to run "
+            f"{num_replicas} replicas in this process.")
+    return local_devices(num_replicas)
 
 
 def local_devices(num_replicas: int) -> List[str]:

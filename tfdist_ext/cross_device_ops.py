@@ -31,22 +31,61 @@ Gradient reductions (the batched all-reduce an optimizer issues, which reaches
 `batch_reduce_implementation`) are also where compression applies and where
 the per-replica step counter and byte counters of `StrategyState` advance;
 other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
+
+This class routes; each other concern is a part it delegates to, in its own
+module:
+
+    CrossDeviceOps --- choice   collectives/choice.py   the algorithm per buffer size,
+           |                                            "auto"'s calibration, host layout
+           +-------- wire     collectives/wire.py     the bytes counted per buffer
+           +-------- buckets  bucketing/gradients.py  the gradient bucket plan
+           +-------- engines  collectives/engines.py  the engine objects
+           +-------- GradientReduction  compression/hooks.py  one replica's buckets,
+                                                      compressed and counted
+
+The attributes and methods the strategy, the sync policies, the Keras hooks
+and the tests use (`calibration`, `select_algorithm`, `bucket_plan`,
+`collective_engine`, ...) stay on this class and forward to the parts.
 """
 
 import contextlib
 import copy
-import threading
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing, cluster
-from tfdist_ext.collectives import auto, cost, fusion, hierarchical
+from tfdist_ext import _compat
+from tfdist_ext.bucketing import gradients as gradient_buckets
+from tfdist_ext.collectives import choice, engines, fusion, ucx_engine, wire
 from tfdist_ext.collectives import engine as engine_lib
-from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.compression import Bucket, Communicator, NoCompression, hooks
+from tfdist_ext.compression import NoCompression, hooks
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
+
+
+def _forwarded(part, name, settable=True):
+    """A property that reads (and, if `settable`, writes) ``self.<part>.<name>``.
+
+    For a method of the part it gives the bound method: ``ops.new_engine(...)``
+    calls ``ops.engines.new(...)`` with the same arguments.
+    """
+    def read(self):
+        return getattr(getattr(self, part), name)
+
+    def write(self, value):
+        setattr(getattr(self, part), name, value)
+
+    return property(read, write if settable else None, doc=f"``self.{part}.{name}``.")
+
+
+@contextlib.contextmanager
+def _setting(obj, name, value, after):
+    """Sets ``obj.<name>`` to `value` for the context, then to `after`."""
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, after)
 
 
 class CrossDeviceOps(_compat.CollectiveAllReduce):
@@ -78,29 +117,24 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self.config = config
         self._worker_index = worker_index
         self._pair_group_key_base = pair_group_key_base
-        self._engine = None
         self._engine_role = engine_role
-        self._engine_lock = threading.Lock()
-        self._rank_hosts = None
         self._state = None
-        self.calibration = None  # set by the strategy when "auto" is used
-        self.refiner = None      # likewise
+        # The parts this class delegates to, each in its own module.
+        self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
+        self.wire = wire.WireBytes(self.choice, self.first_rank)
+        self.buckets = gradient_buckets.GradientBuckets(config.bucketing, self.choice)
+        self.engines = engines.Engines(
+            config.engine, self._devices, group_size, self.first_rank, pair_group_key_base,
+            ucx_timeout_seconds=config.allreduce.timeout_seconds,
+            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role)
         self._gradient_reduction = False
         self._dense_only = False
         self._key_prefix = ""
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
                              and isinstance(config.compression, NoCompression)
                              and config.bucketing is None)
-        self.backward_times = None  # per gradient, backward order (bucketing profile)
-        self.plan_override = None   # buckets chosen by tuning (bucketing.MGWFBP.tune)
-        self.plan_inputs = None     # (sizes, alpha, beta) of the last plan
-        self.bucket_plan = ()       # the buckets of the last traced gradient reduction
-        if not self._native_only and config.engine == "tf":
-            if pair_group_key_base is None:
-                raise ValueError("Argument `pair_group_key_base` is required when the "
-                                 f"all-reduce configuration {config.allreduce} uses the "
-                                 "graph engine.")
-            engine_lib.check_world_size(group_size)
+        if not self._native_only:
+            self.engines.check(config.allreduce)
 
     @property
     def devices(self) -> tuple:
@@ -137,91 +171,39 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def first_rank(self) -> int:
         return self._worker_index * len(self._devices)
 
+    # What the strategy, sync policies, hooks and tests use here lives in the parts:
+    # `collectives.choice.AlgorithmChoice`, `bucketing.gradients.GradientBuckets`
+    # and `collectives.engines.Engines`.
+    calibration = _forwarded("choice", "calibration")
+    refiner = _forwarded("choice", "refiner")
+    rank_hosts = _forwarded("choice", "rank_hosts", settable=False)
+    auto_candidates = _forwarded("choice", "candidates", settable=False)
+    algorithm_spec = _forwarded("choice", "spec", settable=False)
+    link_constants = _forwarded("choice", "link_constants", settable=False)
+    backward_times = _forwarded("buckets", "backward_times")
+    plan_override = _forwarded("buckets", "plan_override")
+    plan_inputs = _forwarded("buckets", "plan_inputs")
+    bucket_plan = _forwarded("buckets", "bucket_plan")
+    needs_backward_profile = _forwarded("buckets", "needs_backward_profile", settable=False)
+    collective_engine = _forwarded("engines", "main", settable=False)
+    new_engine = _forwarded("engines", "new", settable=False)
+
     def select_algorithm(self, num_bytes: int, itemsize: int = 4, refine: bool = True) -> str:
-        """The one place an algorithm is chosen per fused buffer (same on every worker).
-
-        Args:
-            num_bytes: Size of the buffer.
-            itemsize: Bytes per element.
-            refine: Whether "auto" may time its close candidates at this size
-                (`collectives.refine`). False where no buffer of this size is
-                reduced (a bucket plan's total) or where it is off the
-                training path (metrics, `strategy.reduce`): the model decides.
-        """
-        name = self.config.allreduce.algorithm_for(num_bytes)
-        if name == "auto":
-            if self.calibration is None:
-                raise RuntimeError("allreduce='auto' needs the strategy's calibration; "
-                                   "create the strategy with tfdist_ext.Strategy(...).")
-            if self.refiner is not None and refine:
-                return self.refiner.choose(num_bytes, itemsize)
-            return auto.choose(self.calibration, num_bytes, itemsize, self.auto_candidates)
-        return name
-
-    @property
-    def rank_hosts(self):
-        """Host id of every global rank (`AllReduce.hosts`, else TF_CONFIG's addresses)."""
-        if self._rank_hosts is None:
-            per_worker = len(self._devices)
-            given = self.config.allreduce.hosts
-            if given is not None:
-                workers = self._group_size // per_worker
-                if len(given) not in (workers, self._group_size):
-                    raise ValueError(
-                        f"Argument `hosts` lists {len(given)} hosts ({given}) but the job has "
-                        f"{workers} worker(s) of {per_worker} replica(s); give the host of "
-                        f"every worker (or of every replica without TF_CONFIG).")
-                repeat = per_worker if len(given) == workers else 1
-                self._rank_hosts = tuple(h for h in given for _ in range(repeat))
-            else:
-                spec = cluster.cluster_from_env()
-                addresses = spec.worker_addresses if spec else ["localhost:0"]
-                self._rank_hosts = hierarchical.hosts_from_addresses(addresses, per_worker)
-        return self._rank_hosts
-
-    @property
-    def auto_candidates(self):
-        """What "auto" chooses from: `AllReduce.candidates`, else every algorithm, with
-        "hierarchical" when the job spans several hosts and some host runs several ranks."""
-        given = self.config.allreduce.candidates
-        if given:
-            return tuple(sorted(given))
-        groups = hierarchical.host_groups(self.rank_hosts)
-        layered = len(groups) > 1 and any(len(g) > 1 for g in groups)
-        return auto.candidates_or_all(None) + ((hierarchical.NAME,) if layered else ())
-
-    def algorithm_spec(self, name):
-        """What the engines and the cost model run for the algorithm `name`: the name
-        itself, or for "hierarchical" its schedule for this job's hosts."""
-        if name != hierarchical.NAME:
-            return name
-        return hierarchical.Hierarchical(self.rank_hosts, self.config.allreduce.inter_host)
+        """The one place an algorithm is chosen per fused buffer (`AlgorithmChoice.select`)."""
+        return self.choice.select(num_bytes, itemsize, refine)
 
     def dense_wire_bytes(self, num_elements, dtype):
         """Bytes this worker's first replica sends to all-reduce such a buffer densely."""
-        itemsize = tf.as_dtype(dtype).size
-        algorithm = self.select_algorithm(num_elements * itemsize, itemsize, refine=False)
-        return self._wire_bytes(algorithm, num_elements, itemsize, 0)
+        return self.wire.dense(num_elements, dtype)
 
-    def _wire_bytes(self, algorithm, num_elements, itemsize, replica_id):
-        rank = self.first_rank + replica_id
-        return itemsize * cost.elements_sent(self.algorithm_spec(algorithm), self._group_size,
-                                             rank, num_elements)
-
-    @contextlib.contextmanager
     def dense_reductions(self):
         """Reductions traced in this context are not gradients (no compression, uncounted).
 
         Sync policies average parameters through `batch_reduce_to` in this
         context.
         """
-        self._dense_only = True
-        try:
-            yield
-        finally:
-            self._dense_only = False
+        return _setting(self, "_dense_only", True, False)
 
-    @contextlib.contextmanager
     def pseudo_gradient_reductions(self):
         """Reductions traced in this context are compressed and counted like gradients.
 
@@ -230,11 +212,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         their own ("delta_b0_..."), so residuals and compressor state never
         mix with the gradient buckets'.
         """
-        self._key_prefix = "delta_"
-        try:
-            yield
-        finally:
-            self._key_prefix = ""
+        return _setting(self, "_key_prefix", "delta_", "")
 
     def reduce_buffers(self, buffers):
         """Sums flat buffers over all replicas, densely, with the configured algorithms.
@@ -260,91 +238,46 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         finally:
             self._gradient_reduction = False
 
-    def collective_engine(self):
-        """The engine that runs this strategy's schedules (config.engine)."""
-        with self._engine_lock:  # eager reductions run one thread per replica
-            if self._engine is None:
-                self._engine = self.new_engine(role=self._engine_role)
-        return self._engine
-
-    def new_engine(self, first_instance_key=0, role="main"):
-        """An engine for collectives that must not interleave with another engine's.
-
-        Args:
-            first_instance_key: The graph engine's instance-key range (see
-                `engine.GraphEngine`); engines sharing pair groups need
-                disjoint ones.
-            role: The UCX engine's communicators: one set per role and
-                topology in a process, shared by the strategies that use it
-                (their collectives never run at the same time).
-        """
-        if self.config.engine == "ucx":
-            # The same on every worker: it names the rendezvous keys. Strategies
-            # with another timeout get their own communicators.
-            timeout = self.config.allreduce.timeout_seconds
-            name = (f"{role}{first_instance_key or ''}-{self._group_size}x{len(self._devices)}"
-                    f"-t{timeout:g}")
-            return ucx_engine.engine_for(
-                name, self._devices, self._group_size, self.first_rank,
-                timeout_seconds=self.config.allreduce.timeout_seconds)
-        return engine_lib.GraphEngine(
-            self._devices, self._group_size, self.first_rank, self._pair_group_key_base,
-            timeout_seconds=self._options.timeout_seconds, first_instance_key=first_instance_key)
-
     def _all_reduce(self, reduce_op, value, replica_id, options):
         if self._native_only:
             scope = "tfdist/native/b0/" if self._gradient_reduction else "tfdist/native/other/"
             with tf.name_scope(scope):
                 result = super()._all_reduce(reduce_op, value, replica_id, options)
             if self._gradient_reduction and replica_id == 0:
-                dense = sum(self._wire_bytes(NATIVE, t.shape.num_elements(), t.dtype.size, 0)
-                            for t in _compat.nest.flatten(value)
-                            if not isinstance(t, tf.IndexedSlices) and t.shape.is_fully_defined())
+                dense = self.wire.of_native(_compat.nest.flatten(value))
                 with tf.control_dependencies([self.state.count(dense, dense)]):
                     result = _compat.nest.map_structure(tf.identity, result)
             return result
         options = self._options.merge(options or _compat.CommunicationOptions())
-        flat = _compat.nest.flatten(value)
+        flat, native, empty, fused = fusion.partition(_compat.nest.flatten(value),
+                                                      engine_lib.SUPPORTED_DTYPES)
         results = [None] * len(flat)
-        fused, native = [], []
-        for i, v in enumerate(flat):
-            if isinstance(v, tf.IndexedSlices):
-                native.append(i)
-                continue
-            flat[i] = v = tf.convert_to_tensor(v)
-            if not v.shape.is_fully_defined() or v.dtype not in engine_lib.SUPPORTED_DTYPES:
-                native.append(i)
-            elif v.shape.num_elements() == 0:
-                results[i] = self._finish(reduce_op, v, replica_id)
-            else:
-                fused.append(i)
+        for i in empty:
+            results[i] = self._finish(reduce_op, flat[i], replica_id)
         if native:
             reduced = super()._all_reduce(reduce_op, [flat[i] for i in native], replica_id,
                                           options)
             for i, r in zip(native, reduced):
                 results[i] = r
         if fused:
-            gradients = self._gradient_reduction
-            step = self.state.next_step(replica_id) if gradients else None
-            counts = [0, 0]  # bytes sent, dense bytes (replica 0 counts)
-            buffers = iter(range(len(fused)))
+            gradients = self._gradient_reduction  # compressed and counted (replica 0 counts)
+            reduction = self._gradient_reduction_of(replica_id, options) if gradients else None
 
             def reduce_flat(buffer, shapes):
-                if not gradients:
+                if reduction is None:
                     return self._reduce_buffer(buffer, replica_id, options)
-                return self._reduce_gradient_buffer(buffer, shapes, replica_id, options, step,
-                                                    f"{self._key_prefix}b{next(buffers)}",
-                                                    counts)
+                return reduction.reduce(buffer, shapes)
 
             tensors = [flat[i] for i in fused]
             planned = gradients and self.config.bucketing is not None
             if planned and replica_id == 0 and self.needs_backward_profile():
-                tensors = self._record_ready_times(tensors)
+                tensors = gradient_buckets.record_ready_times(tensors, self.state)
             reduced = fusion.fused_all_reduce(
                 tensors, reduce_flat, options.bytes_per_pack,
-                plan=self._plan_buckets if planned else None)
+                plan=self.buckets.plan if planned else None)
             if gradients and replica_id == 0:
-                with tf.control_dependencies([self.state.count(*counts)]):
+                count = self.state.count(reduction.bytes_sent, reduction.dense_bytes)
+                with tf.control_dependencies([count]):
                     reduced = [tf.identity(r) for r in reduced]
             for i, r in zip(fused, reduced):
                 results[i] = self._finish(reduce_op, r, replica_id)
@@ -379,91 +312,19 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
-    def _reduce_gradient_buffer(self, buffer, shapes, replica_id, options, step, bucket_name,
-                                counts):
-        """A gradient buffer: compressed if configured (`compression.hooks`), and counted."""
-        compressor = self.config.compression
-        n, dtype = buffer.shape.num_elements(), buffer.dtype
-        dense_only = not hooks.compresses(compressor, buffer)
-        algorithm = self.select_algorithm(n * dtype.size, dtype.size,
-                                          refine=dense_only or compressor.warmup_steps > 0)
-        counts[1] += self._wire_bytes(algorithm, n, dtype.size, replica_id)
-
-        def reduce_bytes(length, wire_dtype):
-            chosen = self.select_algorithm(length * wire_dtype.size, wire_dtype.size)
-            return self._wire_bytes(chosen, length, wire_dtype.size, replica_id)
-
-        comm = Communicator(
-            all_reduce=lambda t: self._reduce_buffer(t, replica_id, options, bucket_name),
-            all_gather=lambda t: self._gather_in_scope(t, replica_id, options, bucket_name),
-            reduce_bytes=reduce_bytes, world_size=self._group_size,
-            rank=self.first_rank + replica_id)
-        bucket = Bucket(flat=buffer, shapes=tuple(shapes), key=f"{bucket_name}_{dtype.name}_{n}",
-                        replica=replica_id, step=step)
-        summed, sent = hooks.reduce_bucket(compressor, bucket, comm, self.state)
-        counts[0] += sent
-        return summed
+    def _gradient_reduction_of(self, replica_id, options):
+        """A `compression.hooks.GradientReduction` for one replica's gradient all-reduce."""
+        return hooks.GradientReduction(
+            self.config.compression, self.state, replica_id, self.first_rank + replica_id,
+            self._group_size,
+            all_reduce=lambda t, name: self._reduce_buffer(t, replica_id, options, name),
+            all_gather=lambda t, name: self._gather_in_scope(t, replica_id, options, name),
+            dense_bytes=lambda n, dtype, refine: self.wire.dense(n, dtype, replica_id, refine),
+            key_prefix=self._key_prefix)
 
     def _gather_in_scope(self, tensor, replica_id, options, bucket):
         with tf.name_scope(f"tfdist/allgather/{bucket}/"):
             return self._all_gather(tensor, replica_id, options)
-
-    # -- bucketing ---------------------------------------------------------------
-
-    def needs_backward_profile(self) -> bool:
-        """Whether the planner wants per-gradient backward times nobody has supplied."""
-        planner = self.config.bucketing
-        return (getattr(planner, "uses_backward_times", False) and self.backward_times is None
-                and getattr(planner, "backward_times", None) is None)
-
-    def _record_ready_times(self, tensors):
-        """Stamps when each gradient exists (replica 0), accumulated in `state`.
-
-        Timestamps are stateful, so automatic control dependencies run them in
-        program order: they are created in backward order (the order backprop
-        produces the gradients) so that none waits for a later gradient. The
-        reduction does not wait for the record (stateful ops are never pruned).
-        """
-        stamps = []
-        for t in tensors[::-1]:
-            with tf.control_dependencies([t]):
-                stamps.append(tf.timestamp())
-        self.state.record_ready(tf.stack(stamps[::-1]))
-        return tensors
-
-    def link_constants(self, algorithm):
-        """(alpha seconds per message, beta seconds per byte) of `algorithm`."""
-        calibration = self.calibration or auto.Calibration.defaults("defaults", self._group_size)
-        for name, latency, per_byte in calibration.lines:
-            if name == algorithm:
-                return latency, per_byte
-        return calibration.alpha, calibration.beta
-
-    def _plan_buckets(self, sizes, itemsize):
-        """Buckets (backward order) of one dtype's gradients; remembers the plan."""
-        planner = self.config.bucketing
-        algorithm = self.select_algorithm(sum(sizes), itemsize, refine=False)
-        alpha, beta = self.link_constants(algorithm)
-        self.plan_inputs = (tuple(sizes), alpha, beta)
-        times = getattr(planner, "backward_times", None)
-        if times is not None and len(times) != len(sizes):
-            raise ValueError(
-                f"Argument `backward_times` of {type(planner).__name__} has {len(times)} "
-                f"entries but the model has {len(sizes)} gradients to reduce (of "
-                f"{itemsize}-byte elements); pass one time per gradient tensor, in backward "
-                "order, or None to profile them.")
-        if times is None:
-            times = self.backward_times
-            if times is not None and len(times) != len(sizes):
-                times = None  # profiled another dtype split: plan without times
-        buckets = bucketing.plan_buckets(planner, sizes, times, alpha, beta)
-        if self.plan_override is not None and sum(map(len, self.plan_override)) == len(sizes):
-            buckets = self.plan_override
-        self.bucket_plan = tuple(
-            {"bytes": sum(sizes[i] for i in bucket), "gradients": len(bucket),
-             "algorithm": self.select_algorithm(sum(sizes[i] for i in bucket), itemsize)}
-            for bucket in buckets)
-        return buckets
 
     def _finish(self, reduce_op, value, replica_id):
         if reduce_op == _compat.ReduceOp.MEAN:

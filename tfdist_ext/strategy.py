@@ -24,15 +24,14 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing, cluster, compression, early, startup, sync
-from tfdist_ext.collectives import auto, calibration, refine
-from tfdist_ext.collectives import engines
+from tfdist_ext import (_compat, bucketing, cluster, compression, coordination, early, startup,
+                        sync)
+from tfdist_ext.collectives import calibration, choice, engines
 from tfdist_ext.collectives import options as allreduce_options
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
-from tfdist_ext.registry import positive_int, seconds
-from tfdist_ext.sync.runner import BufferAverager
+from tfdist_ext.registry import seconds
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
@@ -204,16 +203,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         spec = cluster.cluster_from_env()
-        devices = None
-        if num_replicas is not None:
-            positive_int("num_replicas", num_replicas)
-            if spec is not None:
-                raise ValueError(
-                    f"Argument `num_replicas` ({num_replicas}) cannot be combined with "
-                    f"TF_CONFIG: with a cluster each worker runs one replica per local "
-                    "GPU (one on CPU). Drop `num_replicas`, or unset TF_CONFIG to run "
-                    f"{num_replicas} replicas in this process.")
-            devices = cluster.local_devices(num_replicas)
+        devices = cluster.replica_devices(num_replicas, spec)
         resolver = roles.serve_or_resolver(spec, config.sync)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
@@ -233,14 +223,15 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                  config.describe())
         if config.allreduce.hosts is not None:
             self._cross_ops.rank_hosts  # pylint: disable=pointless-statement  (validates)
-        planner = config.bucketing
-        uses_backward_times = getattr(planner, "uses_backward_times", False)
+        uses_backward_times = getattr(config.bucketing, "uses_backward_times", False)
         if "auto" in config.allreduce.algorithms or uses_backward_times:
-            self._calibrate()  # before the sync runner, whose background ops share it
+            # Before the sync runner, whose background ops share the calibration.
+            decisions = choice.prepare_auto(self._cross_ops, spec)
+            if decisions is not None:
+                self.allreduce_decisions = decisions
         self.sync_runner = config.sync.runner(self)
-        from tfdist_ext.keras import hooks, preemption, saving  # pylint: disable=import-outside-toplevel
-        hooks.install()
-        saving.install(self)
+        from tfdist_ext.keras import patches, preemption  # pylint: disable=import-outside-toplevel
+        patches.install(self)
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
@@ -248,36 +239,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     @property
     def _cross_ops(self):
         return self.extended.cross_device_ops
-
-    def _calibrate(self):
-        """Measures (or loads) the cost model "auto" decides with; logs its table once."""
-        cross_ops = self._cross_ops
-        key = calibration.cluster_key(self.cluster, self.num_replicas_in_sync,
-                                      cross_ops.devices, self.config.engine)
-        if self.num_replicas_in_sync == 1:
-            cross_ops.calibration = auto.Calibration.defaults(key, 1)
-        else:
-            self._measure_calibration(key)
-
-    def _measure_calibration(self, key):
-        cross_ops, options = self._cross_ops, self.config.allreduce
-        candidates = cross_ops.auto_candidates
-        if "auto" not in options.algorithms:  # only the bucketing planner needs figures
-            candidates = tuple(sorted(set(options.algorithms)))
-        cross_ops.calibration = calibration.calibrate(
-            cross_ops, key, cross_ops.first_rank, candidates,
-            cache_path=options.calibration_cache, probe=options.calibrate)
-        if "auto" not in options.algorithms:
-            return
-        cross_ops.refiner = refine.Refiner(
-            cross_ops, cross_ops.calibration, cross_ops.auto_candidates,
-            default=engines.default_algorithm(self.config.engine),
-            cache_path=options.calibration_cache, timing=options.calibrate and options.refine)
-        self.allreduce_decisions = auto.decision_table(cross_ops.calibration,
-                                                       candidates=cross_ops.auto_candidates)
-        if cross_ops.first_rank == 0:
-            log.warning("tfdist_ext: %s", auto.format_table(cross_ops.calibration,
-                                                            self.allreduce_decisions))
 
     @property
     def calibration(self):
@@ -338,34 +299,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
-        # pylint: disable-next=import-outside-toplevel
-        from tfdist_ext.keras import divergence, hooks, optimizer_check
-        if getattr(self, "_optimizer_check", None) is None:
-            self._optimizer_check = optimizer_check.OptimizerCheck(self.config.sync,
-                                                                   self.config.compression)
-        callbacks = [self._optimizer_check]
-        guard = divergence.guard_for(self.config.sync, self.config.compression, self.sync_runner)
-        if guard is not None:
-            callbacks.append(guard)
-        if self.config.compression.momentum:
-            callbacks.append(hooks.MomentumCheck(self.config.compression))
-        if self.sync_runner is not None:
-            callbacks.append(hooks.SyncCallback(self.sync_runner))
-        elif self.num_replicas_in_sync > 1:
-            if getattr(self, "_buffer_averager", None) is None:
-                self._buffer_averager = BufferAverager(self)
-            callbacks.append(hooks.DrainPoints(self._buffer_averager))
-        if isinstance(self.config.compression, compression.Adaptive):
-            if getattr(self, "_adaptive", None) is None:
-                from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel
-                self._adaptive = adaptive.AdaptiveCompression(self)
-            callbacks.append(self._adaptive)
-        if getattr(self.config.bucketing, "uses_backward_times", False):
-            if getattr(self, "_bucket_tuner", None) is None:
-                self._bucket_tuner = hooks.BackwardProfile(self)
-            if self._cross_ops.needs_backward_profile() or self._bucket_tuner.phase == "trial":
-                callbacks.append(self._bucket_tuner)
-        return callbacks
+        from tfdist_ext.keras import fit_callbacks  # pylint: disable=import-outside-toplevel
+        return fit_callbacks.fit_callbacks(self)
 
     @contextlib.contextmanager
     def worker_local_reductions(self):
@@ -427,10 +362,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """
         if self.num_workers == 1:
             return [value]
-        set_value, get_value = _compat.coordination_service_kv()
-        prefix = f"tfdist/{self._collective_key_base}/{name}"
-        set_value(f"{prefix}/{self.worker_index}", str(value))
-        return [get_value(f"{prefix}/{w}") for w in range(self.num_workers)]
+        return coordination.exchange(f"tfdist/{self._collective_key_base}/{name}", value,
+                                     self.num_workers, self.worker_index)
 
     def barrier(self, timeout: float = 600.0):
         """Returns when every worker has called `barrier` as often (eager).
@@ -450,17 +383,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                           "apart.")
         if self.num_workers == 1:
             return
-        number = next(self._barriers)
-        try:
-            _compat.coordination_barrier(f"tfdist/{self._collective_key_base}/barrier/{number}",
-                                         int(timeout * 1000) or 2**31 - 1)
-        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-                tf.errors.InternalError) as err:
-            raise TimeoutError(
-                f"strategy.barrier() number {number}: not every one of the {self.num_workers} "
-                f"workers arrived within {timeout:g} s (worker {self.worker_index} waited). "
-                "Every worker must call barrier() the same number of times; raise `timeout` "
-                f"when they arrive far apart. TF said: {err.message}") from None
+        coordination.barrier(f"tfdist/{self._collective_key_base}/barrier",
+                             next(self._barriers), timeout, self.num_workers, self.worker_index)
 
     @property
     def collective_key_range(self):
@@ -477,7 +401,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
         if (self._worker_local and tf.inside_function()) or self._local_logs:
             return _compat.nest.map_structure(
-                lambda v: self._reduce_on_worker(reduce_op, v, axis), value)
+                lambda v: _reduce_on_worker(self, reduce_op, v, axis), value)
 
         def reduce_one(v):
             leaf_axis = None if axis is None or _rank(v) == 0 else axis
@@ -485,17 +409,19 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
         return _compat.nest.map_structure(reduce_one, value)
 
-    def _reduce_on_worker(self, reduce_op, value, axis):
-        if not _compat.is_distributed_value(value):
-            return value  # already this worker's value (e.g. its replicas with data)
-        local = [tf.convert_to_tensor(v) for v in self.experimental_local_results(value)]
-        mean = _compat.ReduceOp(reduce_op) if isinstance(reduce_op, str) else reduce_op
-        mean = mean == _compat.ReduceOp.MEAN
-        if axis is not None and local[0].shape.rank:
-            joined = tf.concat(local, axis)
-            return tf.reduce_mean(joined, axis) if mean else tf.reduce_sum(joined, axis)
-        total = tf.add_n(local)
-        return total / len(local) if mean else total
+
+def _reduce_on_worker(strategy, reduce_op, value, axis):
+    """`Strategy.reduce` of `value` over this worker's replicas only."""
+    if not _compat.is_distributed_value(value):
+        return value  # already this worker's value (e.g. its replicas with data)
+    local = [tf.convert_to_tensor(v) for v in strategy.experimental_local_results(value)]
+    mean = _compat.ReduceOp(reduce_op) if isinstance(reduce_op, str) else reduce_op
+    mean = mean == _compat.ReduceOp.MEAN
+    if axis is not None and local[0].shape.rank:
+        joined = tf.concat(local, axis)
+        return tf.reduce_mean(joined, axis) if mean else tf.reduce_sum(joined, axis)
+    total = tf.add_n(local)
+    return total / len(local) if mean else total
 
 
 def _rank(value):

@@ -10,10 +10,16 @@
 
 Independent of the algorithm: ``allreduce="native"`` always means TF's own
 CollectiveReduceV2 ring, whatever the engine.
+
+`Engines` makes the engine objects a strategy's `CrossDeviceOps` runs its
+schedules on.
 """
 
+import threading
 import warnings
 
+from tfdist_ext.collectives import engine as graph_engine
+from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.ops import ucx as ucx_ops
 
 ENGINES = ("auto", "ucx", "tf")
@@ -51,3 +57,79 @@ def resolve(engine) -> str:
 def default_algorithm(engine: str) -> str:
     """The algorithm used when `allreduce=` is not given."""
     return "ring" if engine == "ucx" else "native"
+
+
+class Engines:
+    """The engines of one `CrossDeviceOps`: its main one (made once) and others on demand.
+
+    Args:
+        engine: "ucx" or "tf" (`resolve`).
+        devices: This worker's local devices, one per local replica.
+        world_size: Replicas in sync across all workers.
+        first_rank: Global rank of local replica 0.
+        pair_group_key_base: The graph engine's first pair group key (see
+            `engine.GraphEngine`).
+        ucx_timeout_seconds: The UCX engine's collective timeout
+            (`AllReduce.timeout_seconds`).
+        graph_timeout_seconds: The graph engine's collective timeout (the
+            strategy's `CommunicationOptions`), or None.
+        role: The main engine's role (see `new`).
+    """
+
+    def __init__(self, engine, devices, world_size, first_rank, pair_group_key_base, *,
+                 ucx_timeout_seconds, graph_timeout_seconds, role="main"):
+        self.engine = engine
+        self.devices = devices
+        self.world_size = world_size
+        self.first_rank = first_rank
+        self.pair_group_key_base = pair_group_key_base
+        self.ucx_timeout_seconds = ucx_timeout_seconds
+        self.graph_timeout_seconds = graph_timeout_seconds
+        self.role = role
+        self._main = None
+        self._lock = threading.Lock()
+
+    def check(self, allreduce):
+        """Raises unless the graph engine, if it is the engine, can run `allreduce`.
+
+        Raises:
+            ValueError: No `pair_group_key_base`, or a world size the graph
+                engine does not support.
+        """
+        if self.engine != "tf":
+            return
+        if self.pair_group_key_base is None:
+            raise ValueError("Argument `pair_group_key_base` is required when the "
+                             f"all-reduce configuration {allreduce} uses the "
+                             "graph engine.")
+        graph_engine.check_world_size(self.world_size)
+
+    def main(self):
+        """The engine that runs the strategy's schedules, made on first use."""
+        with self._lock:  # eager reductions run one thread per replica
+            if self._main is None:
+                self._main = self.new(role=self.role)
+        return self._main
+
+    def new(self, first_instance_key=0, role="main"):
+        """An engine for collectives that must not interleave with another engine's.
+
+        Args:
+            first_instance_key: The graph engine's instance-key range (see
+                `engine.GraphEngine`); engines sharing pair groups need
+                disjoint ones.
+            role: The UCX engine's communicators: one set per role and
+                topology in a process, shared by the strategies that use it
+                (their collectives never run at the same time).
+        """
+        if self.engine == "ucx":
+            # The same on every worker: it names the rendezvous keys. Strategies
+            # with another timeout get their own communicators.
+            timeout = self.ucx_timeout_seconds
+            name = (f"{role}{first_instance_key or ''}-{self.world_size}x{len(self.devices)}"
+                    f"-t{timeout:g}")
+            return ucx_engine.engine_for(name, self.devices, self.world_size, self.first_rank,
+                                         timeout_seconds=timeout)
+        return graph_engine.GraphEngine(
+            self.devices, self.world_size, self.first_rank, self.pair_group_key_base,
+            timeout_seconds=self.graph_timeout_seconds, first_instance_key=first_instance_key)

@@ -52,6 +52,35 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
     return results
 
 
+def partition(values, supported_dtypes):
+    """Sorts the values of one all-reduce by how they travel.
+
+    Args:
+        values: A flat list of tensors, IndexedSlices or tensor-likes.
+        supported_dtypes: The dtypes the fused path reduces.
+
+    Returns:
+        ``(values, native, empty, fused)``: `values` with every value but
+        IndexedSlices converted to a tensor, and the indices of those TF's
+        native path reduces (IndexedSlices, no static shape, another dtype),
+        of empty tensors (no communication) and of the tensors to fuse.
+    """
+    values = list(values)
+    native, empty, fused = [], [], []
+    for i, v in enumerate(values):
+        if isinstance(v, tf.IndexedSlices):
+            native.append(i)
+            continue
+        values[i] = v = tf.convert_to_tensor(v)
+        if not v.shape.is_fully_defined() or v.dtype not in supported_dtypes:
+            native.append(i)
+        elif v.shape.num_elements() == 0:
+            empty.append(i)
+        else:
+            fused.append(i)
+    return values, native, empty, fused
+
+
 def flatten_by_dtype(tensors):
     """Concatenates dense tensors into one flat buffer per dtype.
 

@@ -9,9 +9,14 @@ buckets, empty buckets, and every bucket during the compressor's
 `warmup_steps` — and otherwise runs the compressor's reduction hook
 `compressor.reduce(bucket, comm, state)`. The bytes reported are those the
 `Communicator` was asked to send (during warm-up, the dense branch's count).
+
+`GradientReduction` is the strategy's side of that call: for one replica's
+traced gradient all-reduce it names each bucket, builds its `Bucket` and
+`Communicator`, and adds up the bytes sent and the dense baseline.
 """
 
 import dataclasses
+import itertools
 
 import tensorflow as tf
 
@@ -133,3 +138,65 @@ def reduce_bucket(compressor, bucket, comm, state):
     if isinstance(hooked, int) and hooked == dense_comm.bytes_sent:
         return summed, hooked
     return summed, sent
+
+
+class GradientReduction:
+    """One replica's traced gradient all-reduce: each fused bucket through `reduce_bucket`.
+
+    `CrossDeviceOps` makes one per replica each time it traces a gradient
+    all-reduce, and hands `reduce` to the fusion as the per-bucket reduction.
+
+    Args:
+        compressor: The strategy's `Compressor`.
+        state: The strategy's `StrategyState` (residuals, step counters).
+        replica: This replica's index among the worker's local replicas.
+        rank: This replica's global rank.
+        world_size: Replicas taking part.
+        all_reduce: ``fn(1-D tensor, bucket_name) -> SUM over all replicas``
+            (the strategy's dense all-reduce).
+        all_gather: ``fn(1-D tensor, bucket_name) -> the replicas' tensors``.
+        dense_bytes: ``fn(num_elements, dtype, refine) -> bytes`` this replica
+            sends to all-reduce such a buffer densely (`collectives.wire`).
+        key_prefix: Prefix of the buckets' names ("delta_" for what relaxed
+            sync policies send instead of gradients).
+
+    Attributes:
+        step: This replica's step counter before this step (advanced here).
+        bytes_sent: Bytes the buckets sent so far (an int or an int64 tensor).
+        dense_bytes: Bytes dense all-reduce of the same buckets would send.
+    """
+
+    def __init__(self, compressor, state, replica, rank, world_size, all_reduce, all_gather,
+                 dense_bytes, key_prefix=""):
+        self.compressor = compressor
+        self.state = state
+        self.replica = replica
+        self.rank = rank
+        self.world_size = world_size
+        self._all_reduce = all_reduce
+        self._all_gather = all_gather
+        self._dense_bytes = dense_bytes
+        self.key_prefix = key_prefix
+        self.step = state.next_step(replica)
+        self.bytes_sent = 0
+        self.dense_bytes = 0
+        self._numbers = itertools.count()
+
+    def reduce(self, buffer, shapes):
+        """The SUM of one bucket's flat `buffer` (gradients of `shapes`), compressed if
+        configured, and counted."""
+        name = f"{self.key_prefix}b{next(self._numbers)}"
+        n, dtype = buffer.shape.num_elements(), buffer.dtype
+        dense_only = not compresses(self.compressor, buffer)
+        self.dense_bytes += self._dense_bytes(
+            n, dtype, dense_only or self.compressor.warmup_steps > 0)
+        comm = Communicator(
+            all_reduce=lambda t: self._all_reduce(t, name),
+            all_gather=lambda t: self._all_gather(t, name),
+            reduce_bytes=lambda length, wire_dtype: self._dense_bytes(length, wire_dtype, True),
+            world_size=self.world_size, rank=self.rank)
+        bucket = Bucket(flat=buffer, shapes=tuple(shapes), key=f"{name}_{dtype.name}_{n}",
+                        replica=self.replica, step=self.step)
+        summed, sent = reduce_bucket(self.compressor, bucket, comm, self.state)
+        self.bytes_sent += sent
+        return summed

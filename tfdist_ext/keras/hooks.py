@@ -1,10 +1,10 @@
 """Where sync policies enter Keras' `fit`: three wrapped methods, installed once.
 
 Keras 3 all-reduces every gradient and applies it in one private method, and
-its `fit` offers no seam for "do not all-reduce this step". A strategy whose
-sync policy has a runner (`tfdist_ext.sync`) installs these wrappers (the
-private classes come from `tfdist_ext._compat`); they change nothing for any
-other strategy:
+its `fit` offers no seam for "do not all-reduce this step". The first
+`tfdist_ext.Strategy` installs these wrappers (`tfdist_ext.keras.patches`
+installs every patch and lists them; the private classes come from
+`tfdist_ext._compat`); they change nothing for any other strategy:
 
 * `TFOptimizer._backend_update_step`: the runner's `update_step` replaces
   "all-reduce gradients, then apply" (TF_NOTES.md section 1).
@@ -29,42 +29,19 @@ loss-scale skips decide on the all-reduced gradients.
 import functools
 import itertools
 import logging
-import threading
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, bucketing
+from tfdist_ext import bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import (data_order, optimizer_fixes, preemption, saving, uneven,
-                              worker_callbacks)
+from tfdist_ext.keras import data_order, preemption, saving, uneven, worker_callbacks
 
 log = logging.getLogger("tfdist_ext")
 
-_lock = threading.Lock()
-_installed = False
 _fits = itertools.count()  # the same sequence on every worker (SPMD)
-
-
-def install():
-    """Installs the wrappers (idempotent)."""
-    global _installed
-    with _lock:
-        if _installed:
-            return
-        optimizer_cls, trainer_cls = _compat.TFOptimizer, _compat.TensorFlowTrainer
-        optimizer_cls._backend_update_step = _wrap_update_step(  # pylint: disable=protected-access
-            optimizer_cls._backend_update_step)  # pylint: disable=protected-access
-        trainer_cls.make_train_function = _wrap_make_train_function(
-            trainer_cls.make_train_function)
-        trainer_cls.fit = _wrap_fit(trainer_cls.fit)
-        trainer_cls.evaluate = _wrap_inference(trainer_cls.evaluate)
-        trainer_cls.predict = _wrap_inference(trainer_cls.predict)
-        uneven.install()
-        optimizer_fixes.install()
-        _installed = True
 
 
 def runner_of(strategy):
@@ -72,7 +49,9 @@ def runner_of(strategy):
     return getattr(strategy, "sync_runner", None)
 
 
-def _wrap_update_step(original):
+def wrap_update_step(original):
+    """`TFOptimizer._backend_update_step` replaced by the runner's `update_step`."""
+
     @functools.wraps(original)
     def update_step(self, grads, trainable_variables, learning_rate):
         runner = runner_of(self._distribution_strategy)  # pylint: disable=protected-access
@@ -83,7 +62,9 @@ def _wrap_update_step(original):
     return update_step
 
 
-def _wrap_make_train_function(original):
+def wrap_make_train_function(original):
+    """`TensorFlowTrainer.make_train_function` with the runner's or uneven's train step."""
+
     @functools.wraps(original)
     def make_train_function(self, force=False):
         strategy = self.distribute_strategy
@@ -120,7 +101,9 @@ def _worker_local(train_function, strategy):
     return run
 
 
-def _wrap_fit(original):
+def wrap_fit(original):
+    """`TensorFlowTrainer.fit` with the strategy's callbacks, padding and preemption."""
+
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
         strategy = self.distribute_strategy
@@ -170,7 +153,7 @@ def _check_data_order(strategy, args, kwargs):
         data_order.agree_shuffle_seed(strategy, f"shuffle-seed/{number}")
 
 
-def _wrap_inference(original):
+def wrap_inference(original):
     """`evaluate` / `predict`: the workers' datasets padded to a common length."""
 
     @functools.wraps(original)

@@ -2,8 +2,9 @@
 
 Three Keras 3.15 optimizer features decide on the gradients *before* they are
 all-reduced, which under a distribution strategy means on each replica's
-local gradient. For `tfdist_ext.Strategy` in synchronous training, `install`
-makes them decide on the global gradient, as in single-process training:
+local gradient. For `tfdist_ext.Strategy` in synchronous training, the
+wrappers here (installed by `tfdist_ext.keras.patches`) make them decide on
+the global gradient, as in single-process training:
 
 * Clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) clips the all-reduced
   gradient instead of each replica's share of it.
@@ -32,15 +33,6 @@ import tensorflow as tf
 from tfdist_ext import _compat
 
 
-def install():
-    """Wraps the optimizer methods (called once by `tfdist_ext.keras.hooks.install`)."""
-    optimizer_cls = _compat.TFOptimizer
-    optimizer_cls._backend_apply_gradients = _wrap_apply(  # pylint: disable=protected-access
-        optimizer_cls._backend_apply_gradients)  # pylint: disable=protected-access
-    scaler_cls = _compat.LossScaleOptimizer
-    scaler_cls._tf_apply = _wrap_loss_scale_apply(scaler_cls._tf_apply)  # pylint: disable=protected-access
-
-
 def _synchronous_tfdist(strategy) -> bool:
     return (hasattr(strategy, "sync_runner") and hasattr(strategy, "config")
             and strategy.sync_runner is None and strategy.num_replicas_in_sync > 1)
@@ -51,7 +43,9 @@ def _needs_global_apply(optimizer) -> bool:
                 or optimizer.global_clipnorm or optimizer.clipvalue)
 
 
-def _wrap_apply(original):
+def wrap_apply(original):
+    """`TFOptimizer._backend_apply_gradients`: clip / accumulate the reduced gradient."""
+
     @functools.wraps(original)
     def backend_apply_gradients(self, grads, trainable_variables):
         strategy = self._distribution_strategy  # pylint: disable=protected-access
@@ -117,7 +111,9 @@ def _apply_globally(optimizer, strategy, grads, variables):
     tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
 
 
-def _wrap_loss_scale_apply(original):
+def wrap_loss_scale_apply(original):
+    """`LossScaleOptimizer._tf_apply`: every replica skips an overflowed step."""
+
     @functools.wraps(original)
     def tf_apply(self, grads, trainable_variables=None):
         strategy = tf.distribute.get_strategy()

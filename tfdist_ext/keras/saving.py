@@ -26,7 +26,6 @@ import functools
 import logging
 import threading
 
-import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
@@ -38,19 +37,23 @@ _cluster = {}  # "strategy": the process's multi-worker strategy, "counts": per 
 _fitting = threading.local()
 
 
-def install(strategy):
-    """Wraps the save methods once; `strategy` names this worker's cluster."""
+def register(strategy) -> bool:
+    """Records the process's multi-worker `strategy` (its cluster), once.
+
+    Returns:
+        True the first time a strategy of several workers registers: then
+        `tfdist_ext.keras.patches` wraps the save methods with `published`.
+    """
     with _lock:
         if strategy.num_workers < 2 or _cluster:
-            return
+            return False
         _cluster.update(strategy=strategy, counts=collections.Counter())
-        keras.Model.save = _published(keras.Model.save, "model")
-        keras.Model.save_weights = _published(keras.Model.save_weights, "weights")
-        tf.train.CheckpointManager.save = _published(tf.train.CheckpointManager.save,
-                                                     "checkpoint")
+        return True
 
 
-def _published(original, kind):
+def published(original, kind):
+    """A save method that, once it has saved, waits for (or publishes) the chief's save."""
+
     @functools.wraps(original)
     def save(*args, **kwargs):
         result = original(*args, **kwargs)

@@ -4,8 +4,9 @@ A global batch of B samples split over R replicas gives local batches of
 unequal sizes n_r whenever R does not divide B, at the partial last batch of
 an epoch, and when one worker's shard runs out first (its replicas then get
 empty batches until every shard is exhausted). Two things in Keras 3's `fit`
-assume equal local batches, and `install` repairs both for
-`tfdist_ext.Strategy` (other strategies are untouched):
+assume equal local batches, and the wrappers here (installed by
+`tfdist_ext.keras.patches`) repair both for `tfdist_ext.Strategy` (other
+strategies are untouched):
 
 * `TensorFlowTrainer._maybe_symbolic_build` all-reduces (MEAN) the first
   data batch only to get a sample batch for building the model; local
@@ -65,23 +66,6 @@ from tfdist_ext import _compat
 log = logging.getLogger("tfdist_ext")
 _step = threading.local()  # replica threads trace the step concurrently
 _agreements = itertools.count()  # the same sequence on every worker (SPMD)
-
-
-def install():
-    """Wraps Keras' loss scaling and symbolic build (called by `hooks.install`)."""
-    loss_module = _compat.keras_loss
-    loss_module.scale_loss_for_distribution = _wrap_scale(
-        loss_module.scale_loss_for_distribution)
-    loss_module.unscale_loss_for_distribution = _wrap_unscale(
-        loss_module.unscale_loss_for_distribution)
-    trainer_cls = _compat.TensorFlowTrainer
-    trainer_cls._maybe_symbolic_build = _wrap_symbolic_build(  # pylint: disable=protected-access
-        trainer_cls._maybe_symbolic_build)  # pylint: disable=protected-access
-    norm_cls = keras.layers.BatchNormalization
-    norm_cls._moments = _wrap_moments(norm_cls._moments)  # pylint: disable=protected-access
-    for name in ("conv", "depthwise_conv", "separable_conv", "max_pool"):
-        setattr(_compat.keras_tf_nn, name,
-                _one_sample_when_empty(getattr(_compat.keras_tf_nn, name)))
 
 
 def is_tfdist_strategy(strategy) -> bool:
@@ -145,7 +129,9 @@ def _loss_scale(share):
         _step.share = previous
 
 
-def _wrap_scale(original):
+def wrap_scale(original):
+    """Keras' `scale_loss_for_distribution`, by samples under our strategy (see module)."""
+
     @functools.wraps(original)
     def scale_loss_for_distribution(value):
         share = getattr(_step, "share", None)
@@ -162,7 +148,9 @@ def _wrap_scale(original):
     return scale_loss_for_distribution
 
 
-def _wrap_unscale(original):
+def wrap_unscale(original):
+    """Keras' `unscale_loss_for_distribution`, matching `wrap_scale` (see module)."""
+
     @functools.wraps(original)
     def unscale_loss_for_distribution(value):
         if getattr(_step, "share", None) is not None:
@@ -198,7 +186,9 @@ def _gradient_scaled(value, share):
     return identity(value)
 
 
-def _wrap_moments(original):
+def wrap_moments(original):
+    """`BatchNormalization._moments`: the moving statistics for an empty batch."""
+
     @functools.wraps(original)
     def moments(self, inputs, mask):
         mean, variance = original(self, inputs, mask)
@@ -217,7 +207,9 @@ def _wrap_moments(original):
     return moments
 
 
-def _one_sample_when_empty(original):
+def one_sample_when_empty(original):
+    """A Keras TF-backend op run on one zero sample when its batch is empty."""
+
     @functools.wraps(original)
     def op(inputs, *args, **kwargs):
         inputs = tf.convert_to_tensor(inputs)
@@ -236,7 +228,9 @@ def _one_sample_when_empty(original):
     return op
 
 
-def _wrap_symbolic_build(original):
+def wrap_symbolic_build(original):
+    """`TensorFlowTrainer._maybe_symbolic_build` from the first local batch."""
+
     @functools.wraps(original)
     def maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy  # pylint: disable=protected-access

@@ -1,0 +1,118 @@
+"""Every Keras and TF method tfdist_ext replaces, listed and installed here only.
+
+Keras 3 offers no seam for what a distribution strategy has to change in
+`fit` (TF_NOTES.md section 1), so tfdist_ext wraps a few Keras methods, most
+of them private. The wrappers live beside the feature they serve; this module
+is the one place that assigns them, when the first `tfdist_ext.Strategy` is
+made (`install`). Each wrapper calls the original and changes nothing for
+other strategies. The private classes and modules come from
+`tfdist_ext._compat`.
+
+Checked against Keras 3.15.1 (with TensorFlow 2.21.0); the allowed range is
+``keras>=3.15.1,<3.16``. When upgrading Keras, re-read every method in the
+table in the new version: its name, its signature and what the wrapper
+assumes it does.
+
+patched (Keras 3.15.1) -> wrapper             why
+--------------------------------------------  ------------------------------------------------------
+TFOptimizer._backend_update_step              a relaxed sync policy's runner replaces
+  -> hooks.wrap_update_step                   all-reduce-then-apply
+TensorFlowTrainer.make_train_function         the runner's train step, or the one weighting uneven
+  -> hooks.wrap_make_train_function           batches; worker-local logs
+TensorFlowTrainer.fit                         Strategy.fit_callbacks() first, write-once file
+  -> hooks.wrap_fit                           callbacks, padded inputs, data order, a common stop on
+                                              SIGTERM
+TensorFlowTrainer.evaluate, .predict          inputs padded to the workers' common number of batches
+  -> hooks.wrap_inference
+keras_loss.scale_loss_for_distribution        each replica weighted by its share of the global batch
+  -> uneven.wrap_scale                        (a module function)
+keras_loss.unscale_loss_for_distribution      its inverse, likewise
+  -> uneven.wrap_unscale
+TensorFlowTrainer._maybe_symbolic_build       builds from the first local batch: no collective
+  -> uneven.wrap_symbolic_build               over local batches of unequal lengths
+BatchNormalization._moments                   an empty local batch keeps the moving statistics
+  -> uneven.wrap_moments                      instead of NaN
+keras_tf_nn.conv, depthwise_conv,             TF 2.21's oneDNN CPU kernels mishandle empty batches
+separable_conv, max_pool                      (module functions)
+  -> uneven.one_sample_when_empty
+TFOptimizer._backend_apply_gradients          clipping and gradient accumulation on the all-reduced
+  -> optimizer_fixes.wrap_apply               gradient (keras-team/keras#20582)
+LossScaleOptimizer._tf_apply                  every replica skips an overflowed step alike
+  -> optimizer_fixes.wrap_loss_scale_apply
+keras.Model.save, .save_weights               a worker's save returns once the chief's has (jobs of
+  -> saving.published                         several workers; public methods)
+tf.train.CheckpointManager.save (TF)          likewise
+  -> saving.published
+
+Names as in `tfdist_ext._compat` (`keras_loss` is `keras.src.losses.loss`,
+`keras_tf_nn` is `keras.src.backend.tensorflow.nn`).
+
+Not installed here, because they are not replaced methods: the attributes of
+the file-writing callbacks of one `fit`, set and restored by
+`worker_callbacks.for_this_worker`; TF's SIGTERM handler, replaced by
+`preemption.Preemption.install_handler` (from `Strategy.__init__`); and
+`CollectiveAllReduceExtended._reduce_to` (TF), overridden by subclassing in
+`tfdist_ext.strategy._Extended` (keras-team/keras#20585).
+"""
+
+import threading
+
+import keras
+import tensorflow as tf
+
+from tfdist_ext import _compat
+from tfdist_ext.keras import hooks, optimizer_fixes, saving, uneven
+
+_lock = threading.Lock()
+_installed = False
+
+
+def _process_patches():
+    """(owner, attribute, wrapper) of the patches every process gets, in install order."""
+    trainer, optimizer = _compat.TensorFlowTrainer, _compat.TFOptimizer
+    loss, nn = _compat.keras_loss, _compat.keras_tf_nn
+    return (
+        (optimizer, "_backend_update_step", hooks.wrap_update_step),
+        (trainer, "make_train_function", hooks.wrap_make_train_function),
+        (trainer, "fit", hooks.wrap_fit),
+        (trainer, "evaluate", hooks.wrap_inference),
+        (trainer, "predict", hooks.wrap_inference),
+        (loss, "scale_loss_for_distribution", uneven.wrap_scale),
+        (loss, "unscale_loss_for_distribution", uneven.wrap_unscale),
+        (trainer, "_maybe_symbolic_build", uneven.wrap_symbolic_build),
+        (keras.layers.BatchNormalization, "_moments", uneven.wrap_moments),
+        (nn, "conv", uneven.one_sample_when_empty),
+        (nn, "depthwise_conv", uneven.one_sample_when_empty),
+        (nn, "separable_conv", uneven.one_sample_when_empty),
+        (nn, "max_pool", uneven.one_sample_when_empty),
+        (optimizer, "_backend_apply_gradients", optimizer_fixes.wrap_apply),
+        (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
+    )
+
+
+def _save_patches():
+    """(owner, attribute, kind) of the save methods wrapped in multi-worker jobs."""
+    return ((keras.Model, "save", "model"), (keras.Model, "save_weights", "weights"),
+            (tf.train.CheckpointManager, "save", "checkpoint"))
+
+
+def _wrap(owner, name, wrapper, *args):
+    setattr(owner, name, wrapper(getattr(owner, name), *args))
+
+
+def install(strategy):
+    """Installs the patches (each once per process); called by `tfdist_ext.Strategy`.
+
+    Args:
+        strategy: The new strategy. The save methods are wrapped for the
+            first strategy of several workers (`saving.register`).
+    """
+    global _installed
+    with _lock:
+        if not _installed:
+            for owner, name, wrapper in _process_patches():
+                _wrap(owner, name, wrapper)
+            _installed = True
+        if saving.register(strategy):
+            for owner, name, kind in _save_patches():
+                _wrap(owner, name, saving.published, kind)
