@@ -151,7 +151,8 @@ setup(
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
                     "bench": ["torch>=2.13,<2.14"],  # the Gloo peer rows of bench/engines.py
                     "examples": ["mnist1d>=0.0.2.post1,<0.1", "matplotlib>=3.11.2,<3.12"],
-                    "test": ["pytest>=9.0.3,<9.3", "mnist1d>=0.0.2.post1,<0.1",
+                    "test": ["pytest>=9.0.3,<9.3", "pytest-xdist>=3.8.0,<3.9",
+                             "mnist1d>=0.0.2.post1,<0.1",
                              "matplotlib>=3.11.2,<3.12"]},
     ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),
                  Extension("tfdist_ext.ops._tfdist_ucx", sources=[], optional=True)],

@@ -79,6 +79,7 @@ def test_a_bad_output_mode_is_refused_by_name():
         output.check_mode("every")
 
 
+@pytest.mark.multiworker
 def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(

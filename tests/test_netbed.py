@@ -17,6 +17,11 @@ import time
 import pytest
 
 from conftest import ROOT, read_worker_json
+
+# Every test here may create network namespaces, veth pairs and netfilter queues on
+# this machine (named per job, cleaned by the launcher): they run in the serial phase
+# of the suite, not beside each other (see .ci/run).
+pytestmark = pytest.mark.multiworker
 from tfdist_ext.launch import cli, delayer, netbed, netjobs
 
 _MISSING = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
@@ -101,7 +106,6 @@ def _alive(pid):
 
 
 @needs_netbed
-@pytest.mark.multiworker
 def test_shaped_link_rate_and_keras_fit(tmp_path):
     before = _state()
     launcher = _launch("-np", 2, "--timeout", 240, "--link-bandwidth", "50mbit", "--check",
@@ -118,7 +122,6 @@ def test_shaped_link_rate_and_keras_fit(tmp_path):
 
 
 @needs_latency
-@pytest.mark.multiworker
 def test_latency_round_trip_rate_and_collectives(tmp_path):
     before, lines_before = _state(), _delay_lines()
     launcher = _launch("-np", 2, "--timeout", 120, "--link-bandwidth", "50mbit",
@@ -139,7 +142,6 @@ def test_latency_round_trip_rate_and_collectives(tmp_path):
 
 
 @needs_latency
-@pytest.mark.multiworker
 def test_emulated_hosts_share_an_address_and_hierarchical_discovers_them(tmp_path):
     before = _state()
     launcher = _launch("-H", "2x2", "--timeout", 120, "--link-bandwidth", "100mbit",
@@ -163,7 +165,6 @@ def test_emulated_hosts_share_an_address_and_hierarchical_discovers_them(tmp_pat
 
 
 @needs_latency
-@pytest.mark.multiworker
 def test_parameter_servers_get_a_shaped_host_of_their_own(tmp_path):
     before = _state()
     launcher = _launch("-np", 2, "--ps", 1, "--timeout", 120, "--link-bandwidth", "50mbit",
@@ -341,7 +342,6 @@ def test_missing_privilege_or_tools_say_what_and_how(monkeypatch, capsys):
 
 
 @needs_netbed
-@pytest.mark.multiworker
 def test_ucx_engine_crosses_the_shaped_link(tmp_path):
     from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
 
