@@ -80,7 +80,8 @@ def test_a_bad_output_mode_is_refused_by_name():
 
 
 @pytest.mark.multiworker
-def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path, num_workers):
     script = tmp_path / "fit.py"
     script.write_text(
         "import tfdist_ext, keras, numpy as np\n"
@@ -91,7 +92,7 @@ def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
         "m.summary()\n"
         "m.fit(np.ones((64, 3)), np.ones((64, 1)), batch_size=16, epochs=2, verbose=1)\n"
         "print('done on', s.worker_index)\n")
-    code, text, _ = launch(2, [script], timeout=120, options=["--output", "chief"])
+    code, text, _ = launch(num_workers, [script], timeout=120, options=["--output", "chief"])
     assert code == 0, text[-3000:]
     lines = text.splitlines()
     assert sum("Total params" in line for line in lines) == 1, text
@@ -99,4 +100,4 @@ def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path):
     bars = [line for line in lines if "4/4" in line]
     assert len(bars) == 2 and all(line.startswith("[0] ") for line in bars), text
     assert "\r" not in text and "\b" not in text
-    assert "[0] done on 0" in lines and "[1] done on 1" in lines
+    assert all(f"[{i}] done on {i}" in lines for i in range(num_workers)), text
