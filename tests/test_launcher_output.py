@@ -1,10 +1,14 @@
 """tfdist-run's merged output: one live bar, each line once (tfdist_ext.launch.output)."""
 
 import io
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import launch
+from conftest import ROOT, launch
 from tfdist_ext.launch import output
 
 BAR = "\b" * 12 + "\r"
@@ -101,3 +105,49 @@ def test_a_keras_fit_shows_one_bar_and_one_summary(tmp_path, num_workers):
     assert len(bars) == 2 and all(line.startswith("[0] ") for line in bars), text
     assert "\r" not in text and "\b" not in text
     assert all(f"[{i}] done on {i}" in lines for i in range(num_workers)), text
+
+
+ONE_PROCESS_FIT = """
+import sys
+import tfdist_ext  # first, as the README says
+import keras, numpy as np, tensorflow as tf
+x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int64")
+make = {"ours": tfdist_ext.Strategy,
+        "mirrored": lambda: tf.distribute.MirroredStrategy(["/cpu:0"])}[sys.argv[1]]
+with make().scope():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+print("FIT", file=sys.stderr, flush=True)
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).cache()
+m.fit(data, validation_data=data, epochs=2, verbose=0)
+m.fit(x, y, batch_size=16, validation_split=0.25, epochs=1, verbose=0)
+m.evaluate(data, verbose=0)
+m.predict(data, verbose=0)
+"""
+
+
+def _cxx_lines_during_fit(tmp_path, which):
+    script = tmp_path / "one.py"
+    script.write_text(ONE_PROCESS_FIT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TF_CONFIG", None)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    result = subprocess.run([sys.executable, str(script), which], capture_output=True,
+                            text=True, env=env, timeout=240, check=True)
+    after = result.stderr.split("FIT\n", 1)[1]
+    # "W0000 00:00:17.. 1234 dataset.cc:997] ..." -> ("W", "dataset.cc")
+    return {(m.group(1), m.group(2))
+            for m in re.finditer(r"^([IWEF])\d{4} [\d:.]+\s+\d+ (\S+\.cc):\d+\]", after, re.M)}
+
+
+def test_one_process_prints_no_more_tf_lines_than_tfs_own_strategy(tmp_path):
+    """Issue 34, point 8: with tfdist_ext imported first, a one-process fit under the
+    strategy prints no INFO lines and no TF warning that MirroredStrategy does not print."""
+    ours = _cxx_lines_during_fit(tmp_path, "ours")
+    mirrored = _cxx_lines_during_fit(tmp_path, "mirrored")
+    assert not [line for line in ours if line[0] == "I"], ours
+    assert ours <= mirrored, (ours, mirrored)
+    # What TF prints for both (docs/guide/multi-worker.md): its per-device input iterator and
+    # the cached dataset an epoch of known length does not read to its end.
+    assert mirrored <= {("W", "dataset.cc"), ("W", "cache_dataset_ops.cc")}, mirrored
