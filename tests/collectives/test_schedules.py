@@ -41,8 +41,9 @@ def test_allreduce_bit_identical_for_float16(name, world_size):
 
 
 def test_all_algorithms_registered():
-    assert NAMES == ["all_to_all", "butterfly", "halving_doubling",
-                     "master_worker", "ring", "round_robin", "tree"]
+    # A schedule added in its own file registers itself beside these.
+    assert {"all_to_all", "butterfly", "halving_doubling", "master_worker", "ring",
+            "round_robin", "tree"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -90,14 +91,14 @@ EXPECTED_ROUNDS = {
 
 
 @pytest.mark.parametrize("world_size", range(2, 17))
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(EXPECTED_ROUNDS))
 def test_round_counts(name, world_size):
     rounds = len(all_schedules(name, world_size, 1000)[0].rounds)
     assert rounds == EXPECTED_ROUNDS[name](world_size)
 
 
 def test_round_counts_at_4_and_5():
-    counts = {p: {n: len(all_schedules(n, p, 100)[0].rounds) for n in NAMES}
+    counts = {p: {n: len(all_schedules(n, p, 100)[0].rounds) for n in sorted(EXPECTED_ROUNDS)}
               for p in (4, 5)}
     assert counts[4] == {"all_to_all": 2, "butterfly": 2, "halving_doubling": 4,
                          "master_worker": 2, "ring": 6, "round_robin": 6, "tree": 4}

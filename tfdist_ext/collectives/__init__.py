@@ -40,12 +40,6 @@ from tfdist_ext.collectives.schedule import (
 )
 from tfdist_ext.collectives.simulator import check_allreduce, simulate, validate
 from tfdist_ext.collectives.hierarchical import Hierarchical
-from tfdist_ext.collectives.options import register_engine_algorithms
-
-# The graph engine (engine.py) runs every registered schedule, so every name is
-# a valid `allreduce=` choice next to "native"; "auto" picks among them (auto.py).
-# "hierarchical" needs the host layout, which the strategy resolves (hierarchical.py).
-register_engine_algorithms(ALGORITHMS.names() + ["auto", "hierarchical"])
 
 __all__ = [
     "ALGORITHMS",

@@ -15,25 +15,17 @@ import math
 import re
 from typing import Optional, Tuple
 
+from tfdist_ext.collectives.schedule import ALGORITHMS
 from tfdist_ext.registry import boolean, positive_int, seconds
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _BOUND = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
 
-# Algorithms the engines can run; the graph engine extends this when it lands.
-_ENGINE_ALGORITHMS = ["native"]
-
-
 def available_algorithms() -> Tuple[str, ...]:
-    """Names accepted for `allreduce=`."""
-    return tuple(_ENGINE_ALGORITHMS)
-
-
-def register_engine_algorithms(names):
-    """Called by an engine to make its algorithm names selectable."""
-    for name in names:
-        if name not in _ENGINE_ALGORITHMS:
-            _ENGINE_ALGORITHMS.append(name)
+    """Names accepted for `allreduce=`: TF's "native", every schedule registered in
+    `schedule.ALGORITHMS` at the time of the call (both engines run any schedule, so
+    one registered in user code is selectable too), "auto" and "hierarchical"."""
+    return ("native", *ALGORITHMS.names(), "auto", "hierarchical")
 
 
 def parse_size(text: str) -> int:
