@@ -18,17 +18,13 @@ from typing import List
 
 import keras
 
+from tfdist_ext.sync import local_sgd
+
 log = logging.getLogger("tfdist_ext")
 
 
 class ModeOptimizerWarning(UserWarning):
     """A sync policy or compressor runs with an optimizer it was measured to hurt."""
-
-
-def _momentum(optimizer) -> float:
-    if isinstance(optimizer, keras.optimizers.SGD):
-        return float(optimizer.momentum or 0.0)
-    return 0.0
 
 
 def cautions(sync, compressor, optimizer) -> List[str]:
@@ -39,7 +35,7 @@ def cautions(sync, compressor, optimizer) -> List[str]:
         compressor: The `Compressor`.
         optimizer: The model's Keras optimizer (None: nothing to say).
     """
-    momentum = _momentum(optimizer)
+    momentum = local_sgd.sgd_momentum(optimizer)
     if momentum <= 0:
         return []
     found = []

@@ -63,6 +63,15 @@ PAPER_OUTER = (0.7, 0.9)  # DiLoCo's outer (learning rate, momentum), for adapti
 MOMENTUM_OUTER = (0.7, 0.3)  # lr / (1 - m) = 1: for inner SGD with momentum
 
 
+def sgd_momentum(optimizer) -> float:
+    """The momentum of `optimizer` if it is Keras' SGD (also inside a
+    LossScaleOptimizer), else 0.0 (any other optimizer, or None)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, keras.optimizers.SGD):
+        return float(inner.momentum or 0.0)
+    return 0.0
+
+
 def outer_settings(policy, optimizer):
     """The outer step's (learning rate, momentum): the policy's, or chosen from `optimizer`.
 
@@ -80,9 +89,7 @@ def outer_settings(policy, optimizer):
     if rate is not None and momentum is not None:
         return float(rate), float(momentum)
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
-    inner_momentum = 0.0
-    if isinstance(inner, keras.optimizers.SGD):
-        inner_momentum = float(inner.momentum or 0.0)
+    inner_momentum = sgd_momentum(optimizer)
     chosen = MOMENTUM_OUTER if inner_momentum > 0 else PAPER_OUTER
     rate = chosen[0] if rate is None else float(rate)
     momentum = chosen[1] if momentum is None else float(momentum)
