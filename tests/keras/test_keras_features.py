@@ -1,8 +1,9 @@
 """Ordinary Keras training features on two worker processes equal single-process training.
 
 Gradient accumulation (keras-team/keras#20582), clipping, class and sample
-weights, validation data and split, steps_per_execution; and mixed precision
-whose loss-scale overflows must not reach the error-feedback residuals.
+weights, validation data and split, steps_per_execution, XLA (`jit_compile`);
+and mixed precision whose loss-scale overflows must not reach the
+error-feedback residuals.
 """
 
 import numpy as np

@@ -33,6 +33,7 @@ FEATURES = {
     "validation_split": {"fit": {"validation_split": 0.25}},
     "validation_data": {"fit": {"validation_data": True}},
     "steps_per_execution": {"compile": {"steps_per_execution": 3}},
+    "jit_compile": {"compile": {"jit_compile": True}},
 }
 
 

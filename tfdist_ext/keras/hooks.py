@@ -10,7 +10,9 @@ installs every patch and lists them; the private classes come from
   "all-reduce gradients, then apply" (TF_NOTES.md section 1).
 * `TensorFlowTrainer.make_train_function`: lets the runner wrap the model's
   train step (model averaging), and, for relaxed policies, runs the train
-  function with `Strategy.reduce` kept on this worker (`sync.runner`).
+  function with `Strategy.reduce` kept on this worker (`sync.runner`); with
+  `jit_compile` it (and `make_test_function`) has XLA compile the step around
+  its collectives (`tfdist_ext.keras.xla`).
 * `TensorFlowTrainer.fit`: adds the strategy's `fit_callbacks()` (`SyncCallback`,
   `BackwardProfile`, `MomentumCheck`) first in the callback list, and has
   the file-writing Keras callbacks write once per job
@@ -37,7 +39,7 @@ import tensorflow as tf
 
 from tfdist_ext import bucketing
 from tfdist_ext.collectives import calibration
-from tfdist_ext.keras import data_order, preemption, saving, uneven, worker_callbacks
+from tfdist_ext.keras import data_order, preemption, saving, uneven, worker_callbacks, xla
 
 log = logging.getLogger("tfdist_ext")
 
@@ -63,7 +65,11 @@ def wrap_update_step(original):
 
 
 def wrap_make_train_function(original):
-    """`TensorFlowTrainer.make_train_function` with the runner's or uneven's train step."""
+    """`TensorFlowTrainer.make_train_function` with the runner's or uneven's train step.
+
+    Under `jit_compile` the step is compiled by XLA around its collectives
+    (`tfdist_ext.keras.xla`).
+    """
 
     @functools.wraps(original)
     def make_train_function(self, force=False):
@@ -76,20 +82,51 @@ def wrap_make_train_function(original):
         elif uneven.applies(strategy):
             step = uneven.weighted_train_step(self.train_step, strategy, self.run_eagerly)
         else:
-            return original(self, force=force)
-        if step is not self.train_step:
-            self.train_step = step  # instance attribute, read by `_make_function`
-            try:
-                original(self, force=force)
-            finally:
-                del self.train_step
-        else:
-            original(self, force=force)
+            step = self.train_step
+        _build_with_step(self, strategy, "train_step", step, lambda: original(self, force=force))
         if runner is not None and runner.worker_local_logs:
             self.train_function = _worker_local(self.train_function, strategy)
         return self.train_function
 
     return make_train_function
+
+
+def wrap_make_test_function(original):
+    """`TensorFlowTrainer.make_test_function`, XLA-compiled around its collectives."""
+
+    @functools.wraps(original)
+    def make_test_function(self, force=False):
+        if self.test_function is not None and not force:
+            return original(self, force=force)
+        _build_with_step(self, self.distribute_strategy, "test_step", self.test_step,
+                         lambda: original(self, force=force))
+        return self.test_function
+
+    return make_test_function
+
+
+def _build_with_step(model, strategy, name, step, build):
+    """Runs Keras' `build()` with `step` as the model's `name` method.
+
+    Keras' `_make_function` reads the step from the model, so `step` is set as
+    an instance attribute for the duration of `build()` (one the user set is
+    put back).
+    """
+    if uneven.is_tfdist_strategy(strategy) and xla.applies(model, strategy):
+        step = xla.clustered(step)
+        build = functools.partial(xla.build_without_whole_step_jit, model, build)
+    if step == getattr(model, name):
+        build()
+        return
+    own = model.__dict__.get(name)
+    setattr(model, name, step)
+    try:
+        build()
+    finally:
+        if own is None:
+            delattr(model, name)
+        else:
+            setattr(model, name, own)
 
 
 def _worker_local(train_function, strategy):

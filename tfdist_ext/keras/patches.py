@@ -18,7 +18,9 @@ patched (Keras 3.15.1) -> wrapper             why
 TFOptimizer._backend_update_step              a relaxed sync policy's runner replaces
   -> hooks.wrap_update_step                   all-reduce-then-apply
 TensorFlowTrainer.make_train_function         the runner's train step, or the one weighting uneven
-  -> hooks.wrap_make_train_function           batches; worker-local logs
+  -> hooks.wrap_make_train_function           batches; worker-local logs; XLA around the collectives
+TensorFlowTrainer.make_test_function          XLA around the collectives (`jit_compile`)
+  -> hooks.wrap_make_test_function
 TensorFlowTrainer.fit                         Strategy.fit_callbacks() first, write-once file
   -> hooks.wrap_fit                           callbacks, padded inputs, data order, a common stop on
                                               SIGTERM
@@ -74,6 +76,7 @@ def _process_patches():
     return (
         (optimizer, "_backend_update_step", hooks.wrap_update_step),
         (trainer, "make_train_function", hooks.wrap_make_train_function),
+        (trainer, "make_test_function", hooks.wrap_make_test_function),
         (trainer, "fit", hooks.wrap_fit),
         (trainer, "evaluate", hooks.wrap_inference),
         (trainer, "predict", hooks.wrap_inference),
