@@ -85,3 +85,30 @@ def test_compilable_keeps_collectives_and_tfdist_ops_out():
     for op in ("CollectiveReduceV2", "CollectiveGatherV2", "NcclAllReduce", "TfdistUcxRun",
                "TfdistTopK"):
         assert not xla.compilable(node(op))
+
+
+def test_jit_compile_with_convolutions_and_an_empty_replica_batch():
+    # 50 samples in global batches of 24: the last batch's 2 samples leave the
+    # third replica none (TF's oneDNN convolutions need a guard there, XLA's not).
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 12)).astype("float32")
+    y = rng.integers(0, 3, size=50).astype("int32")
+    results = []
+    for jit in (True, False):
+        strategy = tfdist_ext.Strategy(num_replicas=3)
+        keras.utils.set_random_seed(4)
+        with strategy.scope():
+            model = keras.Sequential([
+                keras.Input((12,)), keras.layers.Reshape((12, 1)),
+                keras.layers.Conv1D(4, 3, activation="relu"), keras.layers.MaxPooling1D(2),
+                keras.layers.Flatten(), keras.layers.Dense(3)])
+            model.compile(optimizer=keras.optimizers.SGD(0.05),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          jit_compile=jit)
+        history = model.fit(x, y, batch_size=24, epochs=2, shuffle=False, verbose=0)
+        results.append((history.history["loss"], model.get_weights()))
+    (loss, weights), (loss_ref, weights_ref) = results
+    assert np.all(np.isfinite(loss))
+    np.testing.assert_allclose(loss, loss_ref, rtol=2e-4)
+    for got, want in zip(weights, weights_ref):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)

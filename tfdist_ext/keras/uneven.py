@@ -62,6 +62,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.keras import xla
 
 log = logging.getLogger("tfdist_ext")
 _step = threading.local()  # replica threads trace the step concurrently
@@ -208,15 +209,28 @@ def wrap_moments(original):
 
 
 def one_sample_when_empty(original):
-    """A Keras TF-backend op run on one zero sample when its batch is empty."""
+    """A Keras TF-backend op run on one zero sample when its batch is empty.
+
+    Only where a replica can get an empty batch (several replicas). In a step
+    compiled by XLA (`tfdist_ext.keras.xla`) the guard is a zero sample
+    appended and sliced off again, which XLA removes at a static batch size
+    (a `tf.cond` whose branches differ in shape does not compile; before a
+    cluster is compiled, TF's kernels run it and need the guard).
+    """
 
     @functools.wraps(original)
     def op(inputs, *args, **kwargs):
         inputs = tf.convert_to_tensor(inputs)
+        strategy = tf.distribute.get_strategy()
         if (not tf.inside_function() or inputs.shape.rank is None
                 or inputs.shape[0] is not None  # a static batch: never empty
-                or not is_tfdist_strategy(tf.distribute.get_strategy())):
+                or not is_tfdist_strategy(strategy) or strategy.num_replicas_in_sync < 2):
             return original(inputs, *args, **kwargs)
+        if xla.tracing():
+            size = tf.shape(inputs)[0]
+            one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
+            padded = tf.concat([inputs, one], 0)[:tf.maximum(size, 1)]
+            return original(padded, *args, **kwargs)[:size]
 
         def on_one_zero_sample():
             one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)

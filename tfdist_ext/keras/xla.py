@@ -15,9 +15,18 @@ never contains both an op before a collective and one after it.
 
 With one replica in the whole job there are no collectives and Keras' own
 whole-step compilation is kept.
+
+TF's oneDNN CPU kernels mishandle empty batches, which a replica can get at
+the end of an uneven dataset, so `tfdist_ext.keras.uneven` runs convolutions
+and pooling on one zero sample instead; while a clustered step is traced
+(`tracing`) it does so in a form XLA compiles.
 """
 
+import threading
+
 import tensorflow as tf
+
+_tracing = threading.local()
 
 # Ops that stay outside XLA clusters: TF's collectives, NCCL's, and tfdist_ext's
 # own (the transport, the parameter-server mailbox and the C++ codecs).
@@ -43,11 +52,20 @@ def clustered(step):
     """
 
     def clustered_step(data):
-        with tf.xla.experimental.jit_scope(compile_ops=compilable,
-                                           separate_compiled_gradients=False):
-            return step(data)
+        _tracing.active = True
+        try:
+            with tf.xla.experimental.jit_scope(compile_ops=compilable,
+                                               separate_compiled_gradients=False):
+                return step(data)
+        finally:
+            _tracing.active = False
 
     return clustered_step
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing a `clustered` step."""
+    return getattr(_tracing, "active", False)
 
 
 def build_without_whole_step_jit(model, build):

@@ -1,0 +1,365 @@
+"""Training step time of one model in every system a user would pick, in one run.
+
+    python bench/step.py --json docs/results/step.json --png docs/results/step.png
+    python bench/step.py --models mlp --workers 1,2 --systems tfdist,torch_ddp
+
+The same model, optimizer (Adam 1e-3), batch per worker (`--batch`) and
+random data in each system; the global batch grows with the workers. Systems:
+
+* ``keras``, ``keras_xla``: plain Keras on TF, no strategy (one process),
+  without and with `jit_compile=True`;
+* ``tfdist``, ``tfdist_xla``: `tfdist_ext.Strategy()` under
+  ``tfdist-run -np W`` with default settings;
+* ``torch_ddp``: PyTorch `DistributedDataParallel` with Gloo under torchrun
+  (the `bench` extra; skipped when torch is missing);
+* ``keras_jax``: Keras on JAX, `keras.distribution.DataParallel` across W
+  processes (JAX's Gloo CPU collectives; skipped when jax is missing).
+
+Optional rows for the thread-pool choice of co-located workers:
+``tfdist_threads_machine`` (TF's pools sized for the whole machine in every
+worker, as before tfdist_ext split the cores) and ``tfdist_inter2``
+(intra-op pool split, two inter-op threads).
+
+Timing, the same in every system: after `--warmup` steps, each of `--repeats`
+measurements runs `--steps` and then 2 x `--steps` steps, each ended by a
+host synchronisation (a Keras `fit` call, or the loop in PyTorch), and takes
+the difference over `--steps`: the steady step time without `fit`'s fixed
+cost per call. The chief's (rank 0's) figure is reported: min and median over
+the repeats. Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
+"cnn" (the example's 1-D CNN, 26k parameters), the same layers in PyTorch.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SYSTEMS = ("keras", "keras_xla", "tfdist", "tfdist_xla", "torch_ddp", "keras_jax")
+EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2")
+ONE_PROCESS = ("keras", "keras_xla")
+MODELS = ("mlp", "cnn")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated, from {SYSTEMS + EXTRA_SYSTEMS}")
+    parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in args.models.split(","):
+        if name not in MODELS:
+            parser.error(f"--models: unknown model {name!r}; choose from {MODELS}")
+    for name in args.systems.split(","):
+        if name not in SYSTEMS + EXTRA_SYSTEMS:
+            parser.error(f"--systems: unknown system {name!r}; choose from "
+                         f"{SYSTEMS + EXTRA_SYSTEMS}")
+    return args
+
+
+def steady_ms(run, steps, repeats):
+    """Milliseconds per step: (time of 2*steps - time of steps) / steps, per repeat."""
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(steps)
+        middle = time.perf_counter()
+        run(2 * steps)
+        end = time.perf_counter()
+        out.append(((end - middle) - (middle - start)) / steps * 1e3)
+    return out
+
+
+def _keras_model(keras, name):
+    from examples.keras_fit import build_model  # pylint: disable=import-outside-toplevel
+    return build_model(keras, name)
+
+
+def keras_worker(args, system, world):
+    """plain Keras (TF or JAX backend) or tfdist_ext: ms per step for each model."""
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    scope = None
+    if system.startswith("tfdist"):
+        import tfdist_ext  # pylint: disable=import-outside-toplevel
+        scope = tfdist_ext.Strategy().scope
+    elif system == "keras_jax" and world > 1:
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+    results = {}
+    for name in args.models.split(","):
+        keras.utils.set_random_seed(0)
+        if scope is None:
+            model = _keras_model(keras, name)
+        else:
+            with scope():
+                model = _keras_model(keras, name)
+        kwargs = {"jit_compile": True} if system.endswith("_xla") else {}
+        if scope is None:
+            model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          **kwargs)
+        else:
+            with scope():
+                model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              **kwargs)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(4096, 40)).astype("float32")
+        y = rng.integers(0, 10, size=4096).astype("int32")
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * world)
+
+        def run(steps, model=model, data=data):
+            model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+
+        run(args.warmup)
+        results[name] = steady_ms(run, args.steps, args.repeats)
+    return results
+
+
+def _torch_model(torch, name):
+    nn = torch.nn
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(40, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 10))
+    return nn.Sequential(nn.Unflatten(1, (1, 40)),
+                         nn.Conv1d(1, 32, 5, padding=2), nn.ReLU(),
+                         nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(320, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def torch_worker(args):
+    """PyTorch DDP (Gloo) under torchrun: ms per step for each model."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import torch  # pylint: disable=import-outside-toplevel
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(_torch_model(torch, name))
+        optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        rng = np.random.default_rng(rank)
+        x = torch.tensor(rng.normal(size=(4096, 40)).astype("float32"))
+        y = torch.tensor(rng.integers(0, 10, size=4096))
+        position = [0]
+
+        def run(steps, model=model, optimizer=optimizer, loss_fn=loss_fn, x=x, y=y,
+                position=position):
+            for _ in range(steps):
+                start = position[0] % (len(x) - args.batch)
+                position[0] += args.batch
+                optimizer.zero_grad()
+                loss_fn(model(x[start:start + args.batch]),
+                        y[start:start + args.batch]).backward()
+                optimizer.step()
+            loss_fn(model(x[:1]), y[:1]).item()
+
+        run(args.warmup)
+        results[name] = steady_ms(run, args.steps, args.repeats)
+    dist.destroy_process_group()
+    return rank, world, results
+
+
+def worker_main(args):
+    """A worker of one system: writes {"model": [ms per repeat]} to OUT/w<rank>.json."""
+    system = args.worker
+    if system == "torch_ddp":
+        rank, world, results = torch_worker(args)
+    elif system == "keras_jax":
+        import jax  # pylint: disable=import-outside-toplevel
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        import keras  # pylint: disable=import-outside-toplevel
+        rank, world = args.rank, args.world
+        if world > 1:
+            keras.distribution.initialize(f"127.0.0.1:{args.port}", world, rank)
+        results = keras_worker(args, system, world)
+    elif system.startswith("tfdist"):
+        config = json.loads(os.environ["TF_CONFIG"])
+        rank, world = config["task"]["index"], len(config["cluster"]["worker"])
+        results = keras_worker(args, system, world)
+    else:
+        rank, world = 0, 1
+        results = keras_worker(args, system, 1)
+    path = pathlib.Path(args.out) / f"w{rank}.json"
+    path.write_text(json.dumps({"world": world, "results": results}))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def launch(args, system, workers, out_dir):
+    """Runs `system` on `workers` processes; returns the chief's {"model": [ms...]}."""
+    common = [str(pathlib.Path(__file__).resolve()), "--worker", system, "--out", out_dir,
+              "--models", args.models, "--batch", str(args.batch), "--steps", str(args.steps),
+              "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+    if system == "torch_ddp":
+        commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     f"--nproc-per-node={workers}", *common]]
+        env = _env()
+    elif system == "keras_jax":
+        port = _free_port()
+        commands = [[sys.executable, *common, "--rank", str(rank), "--world", str(workers),
+                     "--port", str(port)] for rank in range(workers)]
+        env = _env(KERAS_BACKEND="jax")
+    elif system in ONE_PROCESS:
+        commands = [[sys.executable, *common]]
+        env = _env()
+    else:
+        commands = [[sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers),
+                     "--timeout", str(args.timeout), "--", sys.executable, *common]]
+        cores = str(os.cpu_count())
+        env = _env(**{"tfdist_threads_machine": {"TF_NUM_INTRAOP_THREADS": cores,
+                                                 "TF_NUM_INTEROP_THREADS": cores},
+                      "tfdist_inter2": {"TF_NUM_INTRAOP_THREADS": str(
+                          max(1, os.cpu_count() // workers)), "TF_NUM_INTEROP_THREADS": "2"},
+                      }.get(system, {}))
+    processes = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for command in commands]
+    failed = []
+    for process in processes:
+        try:
+            _, err = process.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for p in processes:
+                p.kill()
+            raise RuntimeError(f"{system} at {workers} workers: no result in {args.timeout} s")
+        if process.returncode != 0:
+            failed.append(err[-3000:])
+    if failed:
+        raise RuntimeError(f"{system} at {workers} workers failed:\n{failed[0]}")
+    return json.loads((pathlib.Path(out_dir) / "w0.json").read_text())["results"]
+
+
+def available(system):
+    """Why `system` cannot run here, or None."""
+    module = {"torch_ddp": "torch", "keras_jax": "jax"}.get(system)
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except ImportError:
+        return f"{module} is not installed (pip install {module})"
+    return None
+
+
+def summarize(rows):
+    """Adds each row's ratio to the other systems at the same model and workers."""
+    by_key = {(r["system"], r["model"], r["workers"]): r for r in rows}
+    for row in rows:
+        for other in ("keras", "keras_xla", "torch_ddp", "keras_jax"):
+            base = by_key.get((other, row["model"], row["workers"]))
+            if base is None and other in ONE_PROCESS:
+                base = by_key.get((other, row["model"], 1))
+            if base is not None and base is not row:
+                row[f"x_{other}"] = row["ms_median"] / base["ms_median"]
+    return rows
+
+
+def plot(rows, path, title):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model]
+        for system in dict.fromkeys(r["system"] for r in mine):
+            points = sorted((r["workers"], r["ms_median"]) for r in mine
+                            if r["system"] == system)
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=system)
+        ax.set_xlabel("workers (processes on this host)")
+        ax.set_ylabel("ms per step (median)")
+        ax.set_title(model)
+        ax.set_xticks(sorted({r["workers"] for r in mine}))
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(args)
+        return 0
+    rows, skipped = [], {}
+    for system in args.systems.split(","):
+        reason = available(system)
+        if reason:
+            skipped[system] = reason
+            print(f"skipping {system}: {reason}", flush=True)
+            continue
+        counts = [1] if system in ONE_PROCESS else [int(w) for w in args.workers.split(",")]
+        for workers in counts:
+            with tempfile.TemporaryDirectory() as out_dir:
+                results = launch(args, system, workers, out_dir)
+            for model, times in results.items():
+                ordered = sorted(times)
+                rows.append({"system": system, "model": model, "workers": workers,
+                             "ms": times, "ms_min": ordered[0],
+                             "ms_median": ordered[len(ordered) // 2],
+                             "samples_per_s": workers * args.batch / ordered[len(ordered) // 2]
+                             * 1e3})
+                print(f"{system:<24} {model:<4} {workers} workers: median "
+                      f"{rows[-1]['ms_median']:7.2f} ms/step, min {ordered[0]:7.2f}", flush=True)
+    rows = summarize(rows)
+    cores = os.cpu_count()
+    print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, "
+          f"{args.repeats} repeats of {args.steps} steps (median / min ms per step)")
+    header = f"{'system':<24} {'model':<5} {'W':>2} {'median':>8} {'min':>8}"
+    ratio_keys = ("x_keras", "x_torch_ddp", "x_keras_jax")
+    print(header + "".join(f" {k:>12}" for k in ratio_keys))
+    for row in rows:
+        print(f"{row['system']:<24} {row['model']:<5} {row['workers']:>2} "
+              f"{row['ms_median']:>8.2f} {row['ms_min']:>8.2f}"
+              + "".join(f" {row.get(k, float('nan')):>12.2f}" for k in ratio_keys))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"args": {k: v for k, v in vars(args).items()
+                      if k not in ("worker", "out", "rank", "world", "port")},
+             "cpu_cores": cores, "skipped": skipped, "rows": rows}, indent=1))
+    if args.png:
+        plot(rows, args.png, f"{args.batch} samples/worker/step, {cores} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
