@@ -21,11 +21,12 @@ worker, as before tfdist_ext split the cores) and ``tfdist_inter2``
 (intra-op pool split, two inter-op threads).
 
 Timing, the same in every system: after `--warmup` steps, each of `--repeats`
-measurements runs `--steps` and then 2 x `--steps` steps, each ended by a
-host synchronisation (a Keras `fit` call, or the loop in PyTorch), and takes
-the difference over `--steps`: the steady step time without `fit`'s fixed
-cost per call. The chief's (rank 0's) figure is reported: min and median over
-the repeats. Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
+measurements (one Keras `fit` call, or a PyTorch loop) runs `--skip` steps and
+then `--steps` timed steps, from the start of the first timed step to a host
+synchronisation after the last (Keras' epoch end reads the metrics, which
+waits for JAX's asynchronous steps too): the steady step time without `fit`'s
+set-up. The chief's (rank 0's) figure is reported: min and median over the
+repeats. Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
 "cnn" (the example's 1-D CNN, 26k parameters), the same layers in PyTorch.
 """
 
@@ -55,7 +56,8 @@ def parse_args(argv=None):
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, from {SYSTEMS + EXTRA_SYSTEMS}")
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--skip", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
@@ -77,17 +79,29 @@ def parse_args(argv=None):
     return args
 
 
-def steady_ms(run, steps, repeats):
-    """Milliseconds per step: (time of 2*steps - time of steps) / steps, per repeat."""
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(steps)
-        middle = time.perf_counter()
-        run(2 * steps)
-        end = time.perf_counter()
-        out.append(((end - middle) - (middle - start)) / steps * 1e3)
-    return out
+def steady_ms(run, args):
+    """Milliseconds per step, per repeat: `run(skip, steps)` returns the timed seconds."""
+    return [run(args.skip, args.steps) / args.steps * 1e3 for _ in range(args.repeats)]
+
+
+def _clock(keras, skip):
+    """A callback: `seconds` from the start of batch `skip` to the (synchronised) epoch end."""
+    import time as clock  # pylint: disable=import-outside-toplevel,reimported
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.start = self.seconds = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == skip:
+                self.start = clock.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            float(next(iter(logs.values())))  # waits for the last step
+            self.seconds = clock.perf_counter() - self.start
+
+    return Clock()
 
 
 def _keras_model(keras, name):
@@ -130,11 +144,14 @@ def keras_worker(args, system, world):
         y = rng.integers(0, 10, size=4096).astype("int32")
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * world)
 
-        def run(steps, model=model, data=data):
-            model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+        def run(skip, steps, model=model, data=data):
+            clock = _clock(keras, skip)
+            model.fit(data, epochs=1, steps_per_epoch=skip + steps, verbose=0,
+                      callbacks=[clock])
+            return clock.seconds
 
-        run(args.warmup)
-        results[name] = steady_ms(run, args.steps, args.repeats)
+        run(0, args.warmup)
+        results[name] = steady_ms(run, args)
     return results
 
 
@@ -169,19 +186,23 @@ def torch_worker(args):
         y = torch.tensor(rng.integers(0, 10, size=4096))
         position = [0]
 
-        def run(steps, model=model, optimizer=optimizer, loss_fn=loss_fn, x=x, y=y,
+        def run(skip, steps, model=model, optimizer=optimizer, loss_fn=loss_fn, x=x, y=y,
                 position=position):
-            for _ in range(steps):
+            for step in range(skip + steps):
+                if step == skip:
+                    start_time = time.perf_counter()
                 start = position[0] % (len(x) - args.batch)
                 position[0] += args.batch
                 optimizer.zero_grad()
-                loss_fn(model(x[start:start + args.batch]),
-                        y[start:start + args.batch]).backward()
+                loss = loss_fn(model(x[start:start + args.batch]),
+                               y[start:start + args.batch])
+                loss.backward()
                 optimizer.step()
-            loss_fn(model(x[:1]), y[:1]).item()
+            loss.item()
+            return time.perf_counter() - start_time
 
-        run(args.warmup)
-        results[name] = steady_ms(run, args.steps, args.repeats)
+        run(0, args.warmup)
+        results[name] = steady_ms(run, args)
     dist.destroy_process_group()
     return rank, world, results
 
@@ -227,7 +248,8 @@ def launch(args, system, workers, out_dir):
     """Runs `system` on `workers` processes; returns the chief's {"model": [ms...]}."""
     common = [str(pathlib.Path(__file__).resolve()), "--worker", system, "--out", out_dir,
               "--models", args.models, "--batch", str(args.batch), "--steps", str(args.steps),
-              "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+              "--skip", str(args.skip), "--warmup", str(args.warmup),
+              "--repeats", str(args.repeats)]
     if system == "torch_ddp":
         commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone",
                      f"--nproc-per-node={workers}", *common]]

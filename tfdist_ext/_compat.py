@@ -16,6 +16,7 @@ from tensorflow.python.distribute import collective_util
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import input_lib
 from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as distribute_values
@@ -66,6 +67,11 @@ LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 # their samples.
 # Likewise the TF backend's `keras_tf_nn.conv`, `depthwise_conv`, `separable_conv`
 # and `max_pool` (looked up at call time by `keras.ops`), for empty batches.
+# tf.distribute's iterators and their specs, whose `_type_spec` and
+# `_component_specs` properties `tfdist_ext.keras.iterator_specs` caches.
+DistributedIterator = input_lib.DistributedIterator
+DistributedIteratorSpec = input_lib.DistributedIteratorSpec
+SingleWorkerOwnedDatasetIterator = input_lib._SingleWorkerOwnedDatasetIterator  # pylint: disable=protected-access
 
 
 def strategy_init(strategy, extended):

@@ -1,13 +1,13 @@
 """Keras' file-writing callbacks across 2 workers, and exact resume after a kill."""
 
 import json
-import pathlib
 
 import keras
 import numpy as np
 import pytest
 
 from conftest import ROOT, launch, read_worker_json
+from tfdist_ext.keras import preemption
 
 pytestmark = pytest.mark.multiworker
 CHECKS = ROOT / "tests" / "workers" / "callback_checks.py"
@@ -79,10 +79,12 @@ def test_sigterm_stops_every_worker_at_one_step_with_a_backup_to_resume_from(tmp
     code, out, seconds = launch(2, [CHECKS, tmp_path, "preempt", 1, "{}"], timeout=240)
     assert code == 143, out[-4000:]
     assert "[1] WARNING:tfdist_ext:tfdist_ext: received SIGTERM" in out
-    # SIGTERM arrived after batch 5 of epoch 1: both stop after batch 6.
+    # SIGTERM arrived after batch 5 of epoch 1 (13 batches an epoch): agreed after
+    # batch 6, read at the next multiple of CHECK_EVERY (8) steps of the fit, step 24.
+    assert preemption.CHECK_EVERY == 8
     for worker in (0, 1):
         assert (f"[{worker}] WARNING:tfdist_ext:tfdist_ext: stopped by a preemption request "
-                f"in epoch 1 after batch 6, backup in {tmp_path / 'backup'}; exiting with "
+                f"in epoch 1 after batch 10, backup in {tmp_path / 'backup'}; exiting with "
                 "code 143.") in out
     assert seconds < 90, seconds
     metadata = json.loads((tmp_path / "backup" / "training_metadata.json").read_text())

@@ -5,7 +5,8 @@ Keras 3 offers no seam for what a distribution strategy has to change in
 of them private. The wrappers live beside the feature they serve; this module
 is the one place that assigns them, when the first `tfdist_ext.Strategy` is
 made (`install`). Each wrapper calls the original and changes nothing for
-other strategies. The private classes and modules come from
+other strategies (the cached iterator specs are cached for every strategy's
+iterators: the same values, computed once). The private classes and modules come from
 `tfdist_ext._compat`.
 
 Checked against Keras 3.15.1 (with TensorFlow 2.21.0); the allowed range is
@@ -45,6 +46,10 @@ keras.Model.save, .save_weights               a worker's save returns once the c
   -> saving.published                         several workers; public methods)
 tf.train.CheckpointManager.save (TF)          likewise
   -> saving.published
+DistributedIterator._type_spec,               computed once per iterator instead of at every step
+_SingleWorkerOwnedDatasetIterator._type_spec, (TF properties)
+DistributedIteratorSpec._component_specs
+  -> iterator_specs.cached
 
 Names as in `tfdist_ext._compat` (`keras_loss` is `keras.src.losses.loss`,
 `keras_tf_nn` is `keras.src.backend.tensorflow.nn`).
@@ -63,7 +68,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.keras import hooks, optimizer_fixes, saving, uneven
+from tfdist_ext.keras import hooks, iterator_specs, optimizer_fixes, saving, uneven
 
 _lock = threading.Lock()
 _installed = False
@@ -90,6 +95,9 @@ def _process_patches():
         (nn, "max_pool", uneven.one_sample_when_empty),
         (optimizer, "_backend_apply_gradients", optimizer_fixes.wrap_apply),
         (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
+        (_compat.DistributedIterator, "_type_spec", iterator_specs.cached),
+        (_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", iterator_specs.cached),
+        (_compat.DistributedIteratorSpec, "_component_specs", iterator_specs.cached),
     )
 
 

@@ -9,16 +9,20 @@ is saved. A `tfdist_ext.Strategy` replaces that handler with `Preemption`'s:
 2. Every synchronous training step all-reduces the requests together with
    the local batch sizes (`tfdist_ext.keras.uneven`), so every worker learns
    of the request after the same step.
-3. `StopOnPreemption` (added to every `fit`) then writes each
+3. `StopOnPreemption` (added to every `fit`) reads the agreed answer every
+   `CHECK_EVERY` steps of the `fit` and at each epoch end (the same points on
+   every worker; a read is a host round trip, so not every step), then writes each
    `keras.callbacks.BackupAndRestore` backup of the `fit` (weights and
    `Strategy.state`), waits until every worker has, and raises
-   `SystemExit(EXIT_CODE)`.
+   `SystemExit(EXIT_CODE)`. A job of one worker checks its own request after
+   every step.
 
 Restarting the job (by hand or with `tfdist-run --max-restarts`) resumes
-from that backup at the start of the interrupted epoch, with the weights of
-the step where training stopped. The time to stop is one or two training
-steps plus the backup. Relaxed sync policies (no per-step collective) are
-not covered: their workers stop at SIGTERM without a common step.
+from that backup at the start of the interrupted epoch (the next one after a
+stop at an epoch's end), with the weights of the step where training
+stopped. The time to stop is up to `CHECK_EVERY` training steps plus the
+backup. Relaxed sync policies (no per-step collective) are not covered: their
+workers stop at SIGTERM without a common step.
 """
 
 import itertools
@@ -34,6 +38,8 @@ from tfdist_ext import _compat
 log = logging.getLogger("tfdist_ext")
 
 EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
+# Steps between two reads of the agreed stop (each read is a host round trip).
+CHECK_EVERY = 8
 _stops = itertools.count()  # the same sequence on every worker (SPMD)
 
 
@@ -83,21 +89,36 @@ class StopOnPreemption(keras.callbacks.Callback):
         self.preemption = strategy.preemption
         self.backups = list(backups)
         self.epoch = 0
+        self.steps = 0
+
+    def on_train_begin(self, logs=None):
+        self.steps = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        flag = (self.preemption.agreed if self.strategy.num_workers > 1
-                else self.preemption.requested)
-        if float(flag.numpy()) <= 0:
+        self.steps += 1
+        if self.strategy.num_workers > 1 and self.steps % CHECK_EVERY:
             return
+        if self._stop_agreed():
+            self._stop(self.epoch, f"in epoch {self.epoch} after batch {batch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._stop_agreed():  # resume with the next epoch: this one is complete
+            self._stop(epoch + 1, f"at the end of epoch {epoch}")
+
+    def _stop_agreed(self) -> bool:
+        if self.strategy.num_workers < 2:
+            return self.preemption.signal_name is not None
+        return float(self.preemption.agreed.numpy()) > 0
+
+    def _stop(self, resume_epoch, where):
         for backup in self.backups:
-            backup._current_epoch = self.epoch  # pylint: disable=protected-access
+            backup._current_epoch = resume_epoch  # pylint: disable=protected-access
             backup._save_model()  # pylint: disable=protected-access
         self.strategy.exchange(f"preempted/{next(_stops)}", 1)  # everyone has saved
-        log.warning("tfdist_ext: stopped by a preemption request in epoch %d after batch %d"
-                    "%s; exiting with code %d.", self.epoch, batch,
-                    f", backup in {self.backups[0].backup_dir}" if self.backups else
+        log.warning("tfdist_ext: stopped by a preemption request %s%s; exiting with code %d.",
+                    where, f", backup in {self.backups[0].backup_dir}" if self.backups else
                     " (no BackupAndRestore callback: nothing was saved)", EXIT_CODE)
         raise SystemExit(EXIT_CODE)
