@@ -22,6 +22,7 @@ from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
 from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tensorflow.python.data.ops import multi_device_iterator_ops
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
@@ -72,6 +73,9 @@ LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
 DistributedIterator = input_lib.DistributedIterator
 DistributedIteratorSpec = input_lib.DistributedIteratorSpec
 SingleWorkerOwnedDatasetIterator = input_lib._SingleWorkerOwnedDatasetIterator  # pylint: disable=protected-access
+SingleWorkerDatasetIteratorSpec = input_lib._SingleWorkerDatasetIteratorSpec  # pylint: disable=protected-access
+OwnedMultiDeviceIterator = multi_device_iterator_ops.OwnedMultiDeviceIterator
+MultiDeviceIteratorSpec = multi_device_iterator_ops.MultiDeviceIteratorSpec
 
 
 def strategy_init(strategy, extended):

@@ -48,7 +48,10 @@ tf.train.CheckpointManager.save (TF)          likewise
   -> saving.published
 DistributedIterator._type_spec,               computed once per iterator instead of at every step
 _SingleWorkerOwnedDatasetIterator._type_spec, (TF properties)
-DistributedIteratorSpec._component_specs
+OwnedMultiDeviceIterator._type_spec,
+DistributedIteratorSpec._component_specs,
+_SingleWorkerDatasetIteratorSpec._component_specs,
+MultiDeviceIteratorSpec._component_specs
   -> iterator_specs.cached
 
 Names as in `tfdist_ext._compat` (`keras_loss` is `keras.src.losses.loss`,
@@ -97,7 +100,10 @@ def _process_patches():
         (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
         (_compat.DistributedIterator, "_type_spec", iterator_specs.cached),
         (_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", iterator_specs.cached),
+        (_compat.OwnedMultiDeviceIterator, "_type_spec", iterator_specs.cached),
         (_compat.DistributedIteratorSpec, "_component_specs", iterator_specs.cached),
+        (_compat.SingleWorkerDatasetIteratorSpec, "_component_specs", iterator_specs.cached),
+        (_compat.MultiDeviceIteratorSpec, "_component_specs", iterator_specs.cached),
     )
 
 
