@@ -25,8 +25,12 @@ measurements (one Keras `fit` call, or a PyTorch loop) runs `--skip` steps and
 then `--steps` timed steps, from the start of the first timed step to a host
 synchronisation after the last (Keras' epoch end reads the metrics, which
 waits for JAX's asynchronous steps too): the steady step time without `fit`'s
-set-up. The chief's (rank 0's) figure is reported: min and median over the
-repeats. Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
+set-up. The chief's (rank 0's) figure is reported: min and median over all
+measurements. The machine's speed drifts over minutes, so every system is
+launched once per round for `--rounds` rounds, and tfdist_ext on one worker
+also times plain Keras in the same process, alternating measurements
+(``keras_with_tfdist`` rows; `x_keras_same_process` is the median of the
+paired ratios). Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
 "cnn" (the example's 1-D CNN, 26k parameters), the same layers in PyTorch.
 """
 
@@ -39,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,7 +65,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--skip", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="measurements per launch")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="launches of every system, round-robin")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     parser.add_argument("--timeout", type=float, default=900)
@@ -109,10 +117,39 @@ def _keras_model(keras, name):
     return build_model(keras, name)
 
 
-def keras_worker(args, system, world):
-    """plain Keras (TF or JAX backend) or tfdist_ext: ms per step for each model."""
-    import keras  # pylint: disable=import-outside-toplevel
+def _keras_runner(keras, tf, name, args, world, scope=None, jit=False):
+    """`run(skip, steps)` -> seconds: `fit` of model `name`, built under `scope`."""
+    import contextlib  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(0)
+    with scope() if scope else contextlib.nullcontext():
+        model = _keras_model(keras, name)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=jit)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4096, 40)).astype("float32")
+    y = rng.integers(0, 10, size=4096).astype("int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * world)
+
+    def run(skip, steps):
+        clock = _clock(keras, skip)
+        model.fit(data, epochs=1, steps_per_epoch=skip + steps, verbose=0, callbacks=[clock])
+        return clock.seconds
+
+    run(0, args.warmup)
+    return run
+
+
+def keras_worker(args, system, world):
+    """plain Keras (TF or JAX backend) or tfdist_ext: ms per step for each model.
+
+    tfdist_ext on one worker also times plain Keras (same jit setting) in the
+    same process, alternating repeats with it ("<model>@keras"): their ratio
+    does not depend on how fast the machine was during each launch.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     scope = None
@@ -121,37 +158,17 @@ def keras_worker(args, system, world):
         scope = tfdist_ext.Strategy().scope
     elif system == "keras_jax" and world > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel())
+    jit = system.endswith("_xla")
     results = {}
     for name in args.models.split(","):
-        keras.utils.set_random_seed(0)
-        if scope is None:
-            model = _keras_model(keras, name)
-        else:
-            with scope():
-                model = _keras_model(keras, name)
-        kwargs = {"jit_compile": True} if system.endswith("_xla") else {}
-        if scope is None:
-            model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          **kwargs)
-        else:
-            with scope():
-                model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                              **kwargs)
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(4096, 40)).astype("float32")
-        y = rng.integers(0, 10, size=4096).astype("int32")
-        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * world)
-
-        def run(skip, steps, model=model, data=data):
-            clock = _clock(keras, skip)
-            model.fit(data, epochs=1, steps_per_epoch=skip + steps, verbose=0,
-                      callbacks=[clock])
-            return clock.seconds
-
-        run(0, args.warmup)
-        results[name] = steady_ms(run, args)
+        runs = {name: _keras_runner(keras, tf, name, args, world, scope, jit)}
+        if scope is not None and world == 1:
+            runs[f"{name}@keras"] = _keras_runner(keras, tf, name, args, world, None, jit)
+        for key in runs:
+            results[key] = []
+        for _ in range(args.repeats):
+            for key, run in runs.items():
+                results[key].append(run(args.skip, args.steps) / args.steps * 1e3)
     return results
 
 
@@ -310,6 +327,10 @@ def summarize(rows):
                 base = by_key.get((other, row["model"], 1))
             if base is not None and base is not row:
                 row[f"x_{other}"] = row["ms_median"] / base["ms_median"]
+        paired = by_key.get((f"keras_with_{row['system']}", row["model"], row["workers"]))
+        if paired is not None:  # plain Keras timed in the same process, alternately
+            row["x_keras_same_process"] = float(np.median(
+                [a / b for a, b in zip(row["ms"], paired["ms"])]))
     return rows
 
 
@@ -321,7 +342,7 @@ def plot(rows, path, title):
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
     for ax, model in zip(axes[0], models):
-        mine = [r for r in rows if r["model"] == model]
+        mine = [r for r in rows if r["model"] == model and "_with_" not in r["system"]]
         for system in dict.fromkeys(r["system"] for r in mine):
             points = sorted((r["workers"], r["ms_median"]) for r in mine
                             if r["system"] == system)
@@ -342,35 +363,41 @@ def main(argv=None):
     if args.worker:
         worker_main(args)
         return 0
-    rows, skipped = [], {}
+    skipped, times = {}, {}
     for system in args.systems.split(","):
         reason = available(system)
         if reason:
             skipped[system] = reason
             print(f"skipping {system}: {reason}", flush=True)
-            continue
-        counts = [1] if system in ONE_PROCESS else [int(w) for w in args.workers.split(",")]
-        for workers in counts:
-            with tempfile.TemporaryDirectory() as out_dir:
-                results = launch(args, system, workers, out_dir)
-            for model, times in results.items():
-                ordered = sorted(times)
-                rows.append({"system": system, "model": model, "workers": workers,
-                             "ms": times, "ms_min": ordered[0],
-                             "ms_median": ordered[len(ordered) // 2],
-                             "samples_per_s": workers * args.batch / ordered[len(ordered) // 2]
-                             * 1e3})
-                print(f"{system:<24} {model:<4} {workers} workers: median "
-                      f"{rows[-1]['ms_median']:7.2f} ms/step, min {ordered[0]:7.2f}", flush=True)
+    systems = [s for s in args.systems.split(",") if s not in skipped]
+    for round_index in range(args.rounds):
+        for system in systems:
+            counts = [1] if system in ONE_PROCESS else [int(w) for w in args.workers.split(",")]
+            for workers in counts:
+                with tempfile.TemporaryDirectory() as out_dir:
+                    results = launch(args, system, workers, out_dir)
+                for key, ms in results.items():
+                    model, _, paired = key.partition("@")
+                    name = f"{paired}_with_{system}" if paired else system
+                    times.setdefault((name, model, workers), []).extend(ms)
+                    print(f"round {round_index + 1}: {name:<26} {model:<4} {workers} workers: "
+                          + " ".join(f"{t:.2f}" for t in ms) + " ms/step", flush=True)
+    rows = []
+    for (system, model, workers), ms in times.items():
+        ordered = sorted(ms)
+        median = float(np.median(ordered))
+        rows.append({"system": system, "model": model, "workers": workers, "ms": ms,
+                     "ms_min": ordered[0], "ms_median": median,
+                     "samples_per_s": workers * args.batch / median * 1e3})
     rows = summarize(rows)
     cores = os.cpu_count()
-    print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, "
-          f"{args.repeats} repeats of {args.steps} steps (median / min ms per step)")
-    header = f"{'system':<24} {'model':<5} {'W':>2} {'median':>8} {'min':>8}"
-    ratio_keys = ("x_keras", "x_torch_ddp", "x_keras_jax")
+    print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, {args.rounds} "
+          f"rounds x {args.repeats} repeats of {args.steps} steps (median / min ms per step)")
+    header = f"{'system':<28} {'model':<5} {'W':>2} {'median':>8} {'min':>8}"
+    ratio_keys = ("x_keras", "x_keras_same_process", "x_torch_ddp", "x_keras_jax")
     print(header + "".join(f" {k:>12}" for k in ratio_keys))
     for row in rows:
-        print(f"{row['system']:<24} {row['model']:<5} {row['workers']:>2} "
+        print(f"{row['system']:<28} {row['model']:<5} {row['workers']:>2} "
               f"{row['ms_median']:>8.2f} {row['ms_min']:>8.2f}"
               + "".join(f" {row.get(k, float('nan')):>12.2f}" for k in ratio_keys))
     if args.json:
