@@ -149,7 +149,8 @@ setup(
     install_requires=["keras>=3.15.1,<3.16", "numpy>=2.4.6,<2.5", "tensorboard>=2.21.0,<2.22"],
     extras_require={"cpu": ["tensorflow-cpu>=2.21.0,<2.22"], "gpu": ["tensorflow>=2.21.0,<2.22"],
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
-                    "bench": ["torch>=2.13,<2.14"],  # the Gloo peer rows of bench/engines.py
+                    # Gloo rows of bench/engines.py, PyTorch DDP and Keras on JAX in bench/step.py
+                    "bench": ["torch>=2.13,<2.14", "jax>=0.10.2,<0.11"],
                     "examples": ["mnist1d>=0.0.2.post1,<0.1", "matplotlib>=3.11.2,<3.12"],
                     "test": ["pytest>=9.0.3,<9.3", "pytest-xdist>=3.8.0,<3.9",
                              "mnist1d>=0.0.2.post1,<0.1",

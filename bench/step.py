@@ -30,7 +30,9 @@ measurements. The machine's speed drifts over minutes, so every system is
 launched once per round for `--rounds` rounds, and tfdist_ext on one worker
 also times plain Keras in the same process, alternating measurements
 (``keras_with_tfdist`` rows; `x_keras_same_process` is the median of the
-paired ratios). Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
+paired ratios); with `--paired-ddp` the tfdist_ext workers also join a Gloo
+group and time PyTorch DDP alternately with `fit` (``torch_ddp_with_tfdist``,
+`x_torch_ddp_same_process`). Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
 "cnn" (the example's 1-D CNN, 26k parameters), the same layers in PyTorch.
 """
 
@@ -68,6 +70,8 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=2, help="measurements per launch")
     parser.add_argument("--rounds", type=int, default=3,
                         help="launches of every system, round-robin")
+    parser.add_argument("--paired-ddp", action="store_true",
+                        help="tfdist also times PyTorch DDP in its own worker processes")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     parser.add_argument("--timeout", type=float, default=900)
@@ -120,7 +124,6 @@ def _keras_model(keras, name):
 def _keras_runner(keras, tf, name, args, world, scope=None, jit=False):
     """`run(skip, steps)` -> seconds: `fit` of model `name`, built under `scope`."""
     import contextlib  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
     keras.utils.set_random_seed(0)
     with scope() if scope else contextlib.nullcontext():
@@ -146,8 +149,10 @@ def keras_worker(args, system, world):
     """plain Keras (TF or JAX backend) or tfdist_ext: ms per step for each model.
 
     tfdist_ext on one worker also times plain Keras (same jit setting) in the
-    same process, alternating repeats with it ("<model>@keras"): their ratio
-    does not depend on how fast the machine was during each launch.
+    same process, alternating repeats with it ("<model>@keras"), and with
+    `--paired-ddp` PyTorch DDP in the same worker processes
+    ("<model>@torch_ddp"): their ratios do not depend on how fast the machine
+    was during each launch.
     """
     import keras  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -160,10 +165,17 @@ def keras_worker(args, system, world):
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     jit = system.endswith("_xla")
     results = {}
+    torch_rank = None
+    if scope is not None and args.paired_ddp and system == "tfdist":
+        torch_rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        if not _join_torch(args, torch_rank, world):
+            torch_rank = None
     for name in args.models.split(","):
         runs = {name: _keras_runner(keras, tf, name, args, world, scope, jit)}
         if scope is not None and world == 1:
             runs[f"{name}@keras"] = _keras_runner(keras, tf, name, args, world, None, jit)
+        if torch_rank is not None:
+            runs[f"{name}@torch_ddp"] = _torch_runner(name, args, torch_rank)
         for key in runs:
             results[key] = []
         for _ in range(args.repeats):
@@ -184,44 +196,63 @@ def _torch_model(torch, name):
                          nn.Flatten(), nn.Linear(320, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
+def _torch_runner(name, args, rank):
+    """`run(skip, steps)` -> seconds: DDP training steps of model `name` (group joined)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(_torch_model(torch, name))
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rng = np.random.default_rng(rank)
+    x = torch.tensor(rng.normal(size=(4096, 40)).astype("float32"))
+    y = torch.tensor(rng.integers(0, 10, size=4096))
+    position = [0]
+
+    def run(skip, steps):
+        for step in range(skip + steps):
+            if step == skip:
+                start_time = time.perf_counter()
+            start = position[0] % (len(x) - args.batch)
+            position[0] += args.batch
+            optimizer.zero_grad()
+            loss = loss_fn(model(x[start:start + args.batch]), y[start:start + args.batch])
+            loss.backward()
+            optimizer.step()
+        loss.item()
+        return time.perf_counter() - start_time
+
+    run(0, args.warmup)
+    return run
+
+
 def torch_worker(args):
     """PyTorch DDP (Gloo) under torchrun: ms per step for each model."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    import torch  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in args.models.split(","):
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(_torch_model(torch, name))
-        optimizer = torch.optim.Adam(model.parameters(), 1e-3)
-        loss_fn = torch.nn.CrossEntropyLoss()
-        rng = np.random.default_rng(rank)
-        x = torch.tensor(rng.normal(size=(4096, 40)).astype("float32"))
-        y = torch.tensor(rng.integers(0, 10, size=4096))
-        position = [0]
-
-        def run(skip, steps, model=model, optimizer=optimizer, loss_fn=loss_fn, x=x, y=y,
-                position=position):
-            for step in range(skip + steps):
-                if step == skip:
-                    start_time = time.perf_counter()
-                start = position[0] % (len(x) - args.batch)
-                position[0] += args.batch
-                optimizer.zero_grad()
-                loss = loss_fn(model(x[start:start + args.batch]),
-                               y[start:start + args.batch])
-                loss.backward()
-                optimizer.step()
-            loss.item()
-            return time.perf_counter() - start_time
-
-        run(0, args.warmup)
-        results[name] = steady_ms(run, args)
+        run = _torch_runner(name, args, rank)
+        results[name] = [run(args.skip, args.steps) / args.steps * 1e3
+                         for _ in range(args.repeats)]
     dist.destroy_process_group()
     return rank, world, results
+
+
+def _join_torch(args, rank, world):
+    """Joins a Gloo group of the tfdist_ext workers (`--paired-ddp`); False without torch."""
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+        import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return False
+    # torchrun's rule for co-located workers (OMP_NUM_THREADS=1 with several).
+    torch.set_num_threads(1 if world > 1 else torch.get_num_threads())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+                            world_size=world)
+    return True
 
 
 def worker_main(args):
@@ -280,8 +311,10 @@ def launch(args, system, workers, out_dir):
         commands = [[sys.executable, *common]]
         env = _env()
     else:
+        paired = (["--paired-ddp", "--port", str(_free_port())]
+                  if args.paired_ddp and system == "tfdist" else [])
         commands = [[sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers),
-                     "--timeout", str(args.timeout), "--", sys.executable, *common]]
+                     "--timeout", str(args.timeout), "--", sys.executable, *common, *paired]]
         cores = str(os.cpu_count())
         env = _env(**{"tfdist_threads_machine": {"TF_NUM_INTRAOP_THREADS": cores,
                                                  "TF_NUM_INTEROP_THREADS": cores},
@@ -327,10 +360,12 @@ def summarize(rows):
                 base = by_key.get((other, row["model"], 1))
             if base is not None and base is not row:
                 row[f"x_{other}"] = row["ms_median"] / base["ms_median"]
-        paired = by_key.get((f"keras_with_{row['system']}", row["model"], row["workers"]))
-        if paired is not None:  # plain Keras timed in the same process, alternately
-            row["x_keras_same_process"] = float(np.median(
-                [a / b for a, b in zip(row["ms"], paired["ms"])]))
+        for other in ("keras", "torch_ddp"):
+            paired = by_key.get((f"{other}_with_{row['system']}", row["model"],
+                                 row["workers"]))
+            if paired is not None:  # timed in the same processes, alternately
+                row[f"x_{other}_same_process"] = float(np.median(
+                    [a / b for a, b in zip(row["ms"], paired["ms"])]))
     return rows
 
 
@@ -394,7 +429,8 @@ def main(argv=None):
     print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, {args.rounds} "
           f"rounds x {args.repeats} repeats of {args.steps} steps (median / min ms per step)")
     header = f"{'system':<28} {'model':<5} {'W':>2} {'median':>8} {'min':>8}"
-    ratio_keys = ("x_keras", "x_keras_same_process", "x_torch_ddp", "x_keras_jax")
+    ratio_keys = ("x_keras", "x_keras_same_process", "x_torch_ddp",
+                  "x_torch_ddp_same_process", "x_keras_jax")
     print(header + "".join(f" {k:>12}" for k in ratio_keys))
     for row in rows:
         print(f"{row['system']:<28} {row['model']:<5} {row['workers']:>2} "

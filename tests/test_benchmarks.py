@@ -125,3 +125,17 @@ def test_sync_accuracy_benchmark_tiny(tmp_path):
     expected = 100 * (np.mean([0.70, run["records"][0]["accuracy"]]) - 0.85)
     assert rows["gossip"]["points_vs_sync"] == pytest.approx(expected)
     assert plot.stat().st_size > 0
+
+
+@pytest.mark.multiworker
+def test_step_benchmark_tiny(tmp_path):
+    out = tmp_path / "step.json"
+    stdout = _run("step.py", "--systems", "keras,tfdist", "--models", "cnn", "--workers", "1,2",
+                  "--steps", "3", "--skip", "1", "--warmup", "2", "--repeats", "1",
+                  "--rounds", "1", "--json", str(out), "--png", str(tmp_path / "step.png"))
+    assert "x_keras_same_process" in stdout
+    rows = {(r["system"], r["workers"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("keras", 1), ("tfdist", 1), ("keras_with_tfdist", 1), ("tfdist", 2)}
+    assert all(r["ms_median"] > 0 for r in rows.values())
+    assert rows[("tfdist", 1)]["x_keras_same_process"] > 0
+    assert (tmp_path / "step.png").stat().st_size > 0
