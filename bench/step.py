@@ -130,7 +130,7 @@ def _keras_runner(keras, tf, name, args, world, scope=None, jit=False):
         model = _keras_model(keras, name)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      jit_compile=jit)
+                      jit_compile=True if jit else "auto")  # "auto": XLA on JAX, not on TF/CPU
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4096, 40)).astype("float32")
     y = rng.integers(0, 10, size=4096).astype("int32")
