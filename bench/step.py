@@ -37,6 +37,7 @@ group and time PyTorch DDP alternately with `fit` (``torch_ddp_with_tfdist``,
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -91,15 +92,13 @@ def parse_args(argv=None):
     return args
 
 
-def steady_ms(run, args):
-    """Milliseconds per step, per repeat: `run(skip, steps)` returns the timed seconds."""
-    return [run(args.skip, args.steps) / args.steps * 1e3 for _ in range(args.repeats)]
+def measure_ms(run, args):
+    """One measurement in ms per step: `run(skip, steps)` returns the timed seconds."""
+    return run(args.skip, args.steps) / args.steps * 1e3
 
 
 def _clock(keras, skip):
     """A callback: `seconds` from the start of batch `skip` to the (synchronised) epoch end."""
-    import time as clock  # pylint: disable=import-outside-toplevel,reimported
-
     class Clock(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
@@ -107,11 +106,11 @@ def _clock(keras, skip):
 
         def on_train_batch_begin(self, batch, logs=None):
             if batch == skip:
-                self.start = clock.perf_counter()
+                self.start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             float(next(iter(logs.values())))  # waits for the last step
-            self.seconds = clock.perf_counter() - self.start
+            self.seconds = time.perf_counter() - self.start
 
     return Clock()
 
@@ -123,8 +122,6 @@ def _keras_model(keras, name):
 
 def _keras_runner(keras, tf, name, args, world, scope=None, jit=False):
     """`run(skip, steps)` -> seconds: `fit` of model `name`, built under `scope`."""
-    import contextlib  # pylint: disable=import-outside-toplevel
-
     keras.utils.set_random_seed(0)
     with scope() if scope else contextlib.nullcontext():
         model = _keras_model(keras, name)
@@ -180,7 +177,7 @@ def keras_worker(args, system, world):
             results[key] = []
         for _ in range(args.repeats):
             for key, run in runs.items():
-                results[key].append(run(args.skip, args.steps) / args.steps * 1e3)
+                results[key].append(measure_ms(run, args))
     return results
 
 
@@ -235,8 +232,7 @@ def torch_worker(args):
     results = {}
     for name in args.models.split(","):
         run = _torch_runner(name, args, rank)
-        results[name] = [run(args.skip, args.steps) / args.steps * 1e3
-                         for _ in range(args.repeats)]
+        results[name] = [measure_ms(run, args) for _ in range(args.repeats)]
     dist.destroy_process_group()
     return rank, world, results
 
@@ -248,8 +244,8 @@ def _join_torch(args, rank, world):
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
     except ImportError:
         return False
-    # torchrun's rule for co-located workers (OMP_NUM_THREADS=1 with several).
-    torch.set_num_threads(1 if world > 1 else torch.get_num_threads())
+    if world > 1:  # torchrun's rule for co-located workers (OMP_NUM_THREADS=1)
+        torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
                             world_size=world)
     return True

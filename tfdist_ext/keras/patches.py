@@ -5,9 +5,9 @@ Keras 3 offers no seam for what a distribution strategy has to change in
 of them private. The wrappers live beside the feature they serve; this module
 is the one place that assigns them, when the first `tfdist_ext.Strategy` is
 made (`install`). Each wrapper calls the original and changes nothing for
-other strategies (the cached iterator specs are cached for every strategy's
-iterators: the same values, computed once). The private classes and modules come from
-`tfdist_ext._compat`.
+other strategies (the iterator specs are cached for every strategy's
+iterators: the same values, computed once). The private classes and modules
+come from `tfdist_ext._compat`.
 
 Checked against Keras 3.15.1 (with TensorFlow 2.21.0); the allowed range is
 ``keras>=3.15.1,<3.16``. When upgrading Keras, re-read every method in the

@@ -89,10 +89,7 @@ class StopOnPreemption(keras.callbacks.Callback):
         self.preemption = strategy.preemption
         self.backups = list(backups)
         self.epoch = 0
-        self.steps = 0
-
-    def on_train_begin(self, logs=None):
-        self.steps = 0
+        self.steps = 0  # steps of this fit (`wrap_fit` makes one callback per fit)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

@@ -226,15 +226,16 @@ def one_sample_when_empty(original):
                 or inputs.shape[0] is not None  # a static batch: never empty
                 or not is_tfdist_strategy(strategy) or strategy.num_replicas_in_sync < 2):
             return original(inputs, *args, **kwargs)
+        def one_zero_sample():
+            return tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
+
         if xla.tracing():
             size = tf.shape(inputs)[0]
-            one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
-            padded = tf.concat([inputs, one], 0)[:tf.maximum(size, 1)]
+            padded = tf.concat([inputs, one_zero_sample()], 0)[:tf.maximum(size, 1)]
             return original(padded, *args, **kwargs)[:size]
 
         def on_one_zero_sample():
-            one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
-            return original(one, *args, **kwargs)[:0]
+            return original(one_zero_sample(), *args, **kwargs)[:0]
 
         return tf.cond(tf.size(inputs) > 0, lambda: original(inputs, *args, **kwargs),
                        on_one_zero_sample)

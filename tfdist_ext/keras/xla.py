@@ -74,8 +74,8 @@ def build_without_whole_step_jit(model, build):
     Keras reads `model.jit_compile` while it wraps the step function; the step
     passed to it is already `clustered`.
     """
-    model.jit_compile = False
+    jit_compile, model.jit_compile = model.jit_compile, False
     try:
         return build()
     finally:
-        model.jit_compile = True
+        model.jit_compile = jit_compile
