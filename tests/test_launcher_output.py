@@ -137,8 +137,12 @@ def _cxx_lines_during_fit(tmp_path, which):
                             text=True, env=env, timeout=240, check=True)
     after = result.stderr.split("FIT\n", 1)[1]
     # "W0000 00:00:17.. 1234 dataset.cc:997] ..." -> ("W", "dataset.cc")
-    return {(m.group(1), m.group(2))
-            for m in re.finditer(r"^([IWEF])\d{4} [\d:.]+\s+\d+ (\S+\.cc):\d+\]", after, re.M)}
+    lines = {(m.group(1), m.group(2), m.group(3)) for m in re.finditer(
+        r"^([IWEF])\d{4} [\d:.]+\s+\d+ (\S+\.cc):\d+\] (.*)$", after, re.M)}
+    # TF's end-of-input signal racing an iterator's prefetch; printed by MirroredStrategy too,
+    # in some runs and not others, so it is set aside here (any other rendezvous line is not).
+    return {(level, source) for level, source, text in lines
+            if not (source == "local_rendezvous.cc" and "OUT_OF_RANGE: End of sequence" in text)}
 
 
 def test_one_process_prints_no_more_tf_lines_than_tfs_own_strategy(tmp_path):

@@ -78,7 +78,25 @@ def test_delayed_averaging_follows_the_paper(delay, engine):
 
 def _float16(vector, residual):
     sent = (vector + residual).astype(np.float16).astype(np.float64)
+    _float16.inputs.append(vector + residual)
     return sent, np.zeros_like(residual)
+
+
+_float16.inputs = []
+
+
+def _tie_margin(values):
+    """Smallest distance of `values` to a float16 rounding tie, relative to each value.
+
+    The step computes in float32 and the reference in float64: both round a value to
+    the same float16 only if it is further from a tie than their difference (~1e-7
+    relative for these few float32 steps).
+    """
+    values = np.abs(np.asarray(values, np.float64)).ravel()
+    values = values[values > 0]
+    spacing = 2.0 ** np.maximum(np.floor(np.log2(values)) - 10, -24)  # float16's, at values
+    low = np.floor(values / spacing) * spacing
+    return float(np.min(np.abs(values - (low + spacing / 2)) / values))
 
 
 def _float16_sum(vectors):  # the all-reduce adds float16 payloads in float16
@@ -92,8 +110,10 @@ def test_delayed_averaging_sends_compressed_rounds(engine):
     steps, delay = 7, 2
     w0, history, final, strategy, rows = fit(sync.DelayedAveraging(delay=delay), steps,
                                              engine=engine, compression="fp16")
+    _float16.inputs.clear()
     expected, drained = reference.delayed_averaging_compressed(w0, rows, steps, 2, LR, delay,
                                                                _float16, _float16_sum)
+    assert _tie_margin(_float16.inputs) > 1e-6, "the data puts a value at a float16 tie"
     for t in range(steps):
         np.testing.assert_allclose(history[t], expected[t], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(final, [drained, drained], rtol=1e-4, atol=1e-5)
