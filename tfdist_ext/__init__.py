@@ -27,7 +27,7 @@ if os.environ.get("TF_CONFIG"):
 
 _SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "early", "keras", "launch",
                "ops", "ps", "sync")
-_ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy"}
+_ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy_config"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 
 

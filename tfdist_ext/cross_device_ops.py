@@ -96,7 +96,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         group_size: Replicas in sync across all workers.
         options: Default `tf.distribute.experimental.CommunicationOptions`.
         collective_keys: The owning strategy's `CollectiveKeys` (its key range).
-        config: The validated `tfdist_ext.strategy.StrategyConfig`.
+        config: The validated `tfdist_ext.strategy_config.StrategyConfig`.
         canonicalize_devices: As in TF's `CollectiveAllReduce`.
         worker_index: This worker's index among the workers (0 without a
             cluster); local replica i has global rank

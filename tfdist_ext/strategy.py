@@ -16,22 +16,20 @@ nest of per-replica values, and `reduce(..., axis=0)` on per-replica scalars.
 """
 
 import contextlib
-import dataclasses
 import itertools
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import (_compat, bucketing, cluster, compression, coordination, early, startup,
-                        sync)
-from tfdist_ext.collectives import calibration, choice, engines
-from tfdist_ext.collectives import options as allreduce_options
+from tfdist_ext import _compat, cluster, compression, coordination, early, startup
+from tfdist_ext.collectives import calibration, choice
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
+from tfdist_ext.strategy_config import StrategyConfig
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
@@ -42,46 +40,6 @@ ops_loader.check_build()
 # upper quarter of each half serves background reductions (sync policies).
 _KEY_BASE = 100_000
 _KEY_SPAN = 20_000
-
-
-@dataclasses.dataclass(frozen=True)
-class StrategyConfig:
-    """The four independent choices of a strategy, validated.
-
-    Attributes:
-        allreduce: A `tfdist_ext.collectives.AllReduce`.
-        compression: A `tfdist_ext.compression.Compressor`.
-        sync: A `tfdist_ext.sync.SyncPolicy`.
-        bucketing: A `tfdist_ext.bucketing.Planner` or None (one bucket).
-        engine: "ucx" or "tf" (`tfdist_ext.collectives.engines`).
-    """
-
-    allreduce: Any
-    compression: Any
-    sync: Any
-    bucketing: Any
-    engine: str = "tf"
-
-    @classmethod
-    def from_args(cls, allreduce=None, compression_=None, sync_=None, bucketing_=None,
-                  engine=None):
-        engine = engines.resolve(engine)
-        if allreduce is None:
-            allreduce = engines.default_algorithm(engine)
-        config = cls(allreduce=allreduce_options.get(allreduce),
-                     compression=compression.get(compression_),
-                     sync=sync.get(sync_),
-                     bucketing=bucketing.get(bucketing_), engine=engine)
-        config.sync.check_compression(config.compression)
-        return config
-
-    def communication_options(self):
-        """TF communication options implied by the configuration."""
-        return _compat.CommunicationOptions(bytes_per_pack=self.allreduce.bytes_per_pack)
-
-    def describe(self) -> str:
-        return (f"engine={self.engine}, allreduce={self.allreduce}, "
-                f"compression={self.compression}, sync={self.sync}, bucketing={self.bucketing}")
 
 
 LATE_START = (

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tfdist_ext
 from tfdist_ext.ops import ucx as ucx_ops
 from tfdist_ext import bucketing
+from tfdist_ext.keras import fit_callbacks
 
 LAYERS = 4
 
@@ -146,7 +147,7 @@ def test_mgwfbp_profiles_backward_times_then_replans():
 
 
 def test_backward_times_from_ready_stamps():
-    from tfdist_ext.keras.hooks import backward_times  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.keras.backward_profile import backward_times  # pylint: disable=import-outside-toplevel
     assert backward_times([0.0, 1.0, 0.5, 3.0]) == [0.0, 1.0, 0.0, 2.0]
     assert backward_times([]) == []
 
@@ -185,7 +186,7 @@ def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
     strategy.extended.cross_device_ops.calibration = auto.Calibration(
         "test", 2, alpha=1e-6, beta=1e-11, gamma=0.0, lines=(("native", 1e-6, 1e-11),))
     _fit(strategy, epochs=8)  # 48 steps: 2 profiled, then 3 per candidate plan
-    tuner = strategy._bucket_tuner  # pylint: disable=protected-access
+    tuner = fit_callbacks.kept(strategy)["bucket_tuner"]
     assert tuner.done, tuner.phase
     plans = [plan for _, plan in tuner.candidates]
     assert len(set(plans)) == len(plans) >= 2  # distinct plans, one bucket among them

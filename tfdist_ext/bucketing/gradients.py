@@ -4,7 +4,7 @@
 gradient all-reduce is traced. What it knows then: the gradient sizes in
 backward order, the link constants of the algorithm chosen for their total,
 backward times (the planner's own, or profiled by
-`tfdist_ext.keras.hooks.BackwardProfile`) and a plan chosen by tuning
+`tfdist_ext.keras.backward_profile.BackwardProfile`) and a plan chosen by tuning
 (`MGWFBP.tune`). `GradientBuckets` keeps that knowledge for one
 `CrossDeviceOps`; the functions it calls turn it into buckets, and all but
 `record_ready_times` are pure.
@@ -106,7 +106,7 @@ class GradientBuckets:
 
     Attributes:
         backward_times: Profiled backward time of each gradient, backward
-            order (set by `tfdist_ext.keras.hooks.BackwardProfile`), or None.
+            order (set by `tfdist_ext.keras.backward_profile.BackwardProfile`), or None.
         plan_override: Buckets chosen by tuning (`MGWFBP.tune`), or None.
         plan_inputs: (sizes, alpha, beta) of the last plan.
         bucket_plan: The buckets of the last traced gradient reduction
