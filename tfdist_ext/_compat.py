@@ -76,6 +76,15 @@ SingleWorkerOwnedDatasetIterator = input_lib._SingleWorkerOwnedDatasetIterator  
 SingleWorkerDatasetIteratorSpec = input_lib._SingleWorkerDatasetIteratorSpec  # pylint: disable=protected-access
 OwnedMultiDeviceIterator = multi_device_iterator_ops.OwnedMultiDeviceIterator
 MultiDeviceIteratorSpec = multi_device_iterator_ops.MultiDeviceIteratorSpec
+# Keras' epoch iterator, whose `_get_iterator` `tfdist_ext.keras.local_input` wraps.
+TFEpochIterator = keras_tf_trainer.TFEpochIterator
+
+
+def undistributed_dataset(distributed):
+    """The `tf.data.Dataset` a `DistributedDataset` was made from (else None)."""
+    if type(distributed) is not input_lib.DistributedDataset:  # pylint: disable=unidiomatic-typecheck
+        return None
+    return getattr(distributed, "_original_dataset", None)
 
 
 def strategy_init(strategy, extended):

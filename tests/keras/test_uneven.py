@@ -93,11 +93,13 @@ def test_three_workers_batch_64_uneven_across_processes(tmp_path):
     # Across processes: the fused native op (the engine's schedules run uneven batches on
     # logical replicas above and across workers in test_engine_workers' fit), the
     # averaging drain and the ticket pipeline of the relaxed policies (every policy runs
-    # uneven batches on logical replicas above), compression, unequal shards. CI time.
+    # uneven batches on logical replicas above), compression, unequal shards (of known and
+    # unknown length). CI time.
     specs = [{"allreduce": "native"}]
     specs += [{"sync": policy} for policy in RELAXED
               if policy["name"] in ("local_sgd", "stale_synchronous")]
-    specs += [{"compression": {"name": "topk", "ratio": 0.3}}, {"shard": True}]
+    specs += [{"compression": {"name": "topk", "ratio": 0.3}}, {"shard": True},
+              {"shard": "unknown"}]
     texts = [json.dumps(spec) for spec in specs]
     code, out, _ = launch(3, [ROOT / "tests" / "workers" / "uneven_checks.py", tmp_path,
                               *texts], timeout=600)
@@ -108,6 +110,11 @@ def test_three_workers_batch_64_uneven_across_processes(tmp_path):
         assert all("error" not in run for run in runs), (text, runs[0].get("error"))
         assert len({run["sha"] for run in runs}) == 1, text  # one model on every worker
         assert all(run["predict_shape"] == [uneven_checks.SAMPLES, 10] for run in runs)
+        # Auto-sharded data of known length: a plain tf.data iterator (keras.local_input);
+        # data the user shards (auto-sharding off): tf.distribute's iterator.
+        plain = "shard" not in spec
+        assert all(run["iterators"] == ["OwnedIterator" if plain else "DistributedIterator"]
+                   for run in runs), (text, [run["iterators"] for run in runs])
         run = runs[0]
         if "allreduce" in spec:
             want = run["reference"]

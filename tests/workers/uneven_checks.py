@@ -5,7 +5,7 @@
 Each RUN_JSON names strategy options ({"allreduce": ..., "sync": ...,
 "compression": ...}) and optionally "shard": true (the user shards the data
 per worker, unequally, with auto-sharding off, so one worker's data runs out
-first). For each run, in one process: 1,347 generated 8x8 digits
+first) or "shard": "unknown" (likewise, of a length tf.data does not know). For each run, in one process: 1,347 generated 8x8 digits
 (tests/workers/digits8x8.py) in `tf.data` batches of 64, a small MLP trained for 2 epochs under a
 `tfdist_ext.Strategy`, then `evaluate` and `predict`; the same model trained
 without a strategy (one replica, same initial weights, same data) is the
@@ -47,7 +47,7 @@ def digest(weights):
     return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in weights)).hexdigest()
 
 
-def dataset(x, y, shard=None):
+def dataset(x, y, shard=None, unknown=False):
     if shard is None:
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     index, count = shard
@@ -58,7 +58,26 @@ def dataset(x, y, shard=None):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     local = tf.data.Dataset.from_tensor_slices((x[lo:hi], y[lo:hi]))
+    if unknown:  # a length tf.data cannot know without reading the data
+        local = local.filter(lambda *_: True)
     return local.batch(BATCH).with_options(options)
+
+
+class IteratorKinds(keras.callbacks.Callback):
+    """Records the type of what Keras passes to its train function."""
+
+    def __init__(self):
+        super().__init__()
+        self.kinds = set()
+
+    def on_train_begin(self, logs=None):
+        function = self.model.train_function
+
+        def probed(iterator):
+            self.kinds.add(type(iterator).__name__)
+            return function(iterator)
+
+        self.model.train_function = probed
 
 
 def run(spec, x, y, index, count):
@@ -68,9 +87,12 @@ def run(spec, x, y, index, count):
     with strategy.scope():
         model = build()
     initial = model.get_weights()
-    train = dataset(x, y, (index, count) if spec.get("shard") else None)
-    history = model.fit(train, epochs=EPOCHS, verbose=0).history
+    train = dataset(x, y, (index, count) if spec.get("shard") else None,
+                    unknown=spec.get("shard") == "unknown")
+    probe = IteratorKinds()
+    history = model.fit(train, epochs=EPOCHS, verbose=0, callbacks=[probe]).history
     result = {"loss": history["loss"], "accuracy": history["accuracy"],
+              "iterators": sorted(probe.kinds),
               "sha": digest(model.get_weights()),
               "weights": [w.tolist() for w in model.get_weights()[-1:]],
               "evaluate": model.evaluate(dataset(x, y), verbose=0),

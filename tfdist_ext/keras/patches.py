@@ -46,6 +46,8 @@ keras.Model.save, .save_weights               a worker's save returns once the c
   -> saving.published                         several workers; public methods)
 tf.train.CheckpointManager.save (TF)          likewise
   -> saving.published
+TFEpochIterator._get_iterator                 one replica per worker: this worker's dataset through
+  -> local_input.wrap_get_iterator            a plain tf.data iterator (no per-step agreement)
 DistributedIterator._type_spec,               computed once per iterator instead of at every step
 _SingleWorkerOwnedDatasetIterator._type_spec, (TF properties)
 OwnedMultiDeviceIterator._type_spec,
@@ -71,7 +73,8 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.keras import hooks, iterator_specs, optimizer_fixes, saving, uneven
+from tfdist_ext.keras import (hooks, iterator_specs, local_input, optimizer_fixes, saving,
+                              uneven)
 
 _lock = threading.Lock()
 _installed = False
@@ -98,6 +101,7 @@ def _process_patches():
         (nn, "max_pool", uneven.one_sample_when_empty),
         (optimizer, "_backend_apply_gradients", optimizer_fixes.wrap_apply),
         (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
+        (_compat.TFEpochIterator, "_get_iterator", local_input.wrap_get_iterator),
         (_compat.DistributedIterator, "_type_spec", iterator_specs.cached),
         (_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", iterator_specs.cached),
         (_compat.OwnedMultiDeviceIterator, "_type_spec", iterator_specs.cached),

@@ -1,0 +1,106 @@
+"""Keras reads each worker's part of its batches through a plain `tf.data` iterator.
+
+Keras' `fit`, `evaluate` and `predict` distribute their dataset with
+`strategy.experimental_distribute_dataset` and hand a
+`tf.distribute.DistributedIterator` to their step function. With one replica
+per worker that iterator costs at every step a multi-device iterator call,
+flattening the composite iterator into the function's arguments and, with
+several workers and finite data, one more cross-worker all-reduce and a
+`tf.cond` to agree whether any worker still has data (TF's rebatching gives a
+partial last batch to the first workers only, so their batch counts differ).
+
+Under `tfdist_ext.Strategy` with one replica per worker, Keras' epoch iterator
+instead iterates a plain `tf.data.Dataset`, which Keras' step function takes as
+it is: with one worker, Keras' own dataset; with several, each global batch
+split into contiguous parts, one per worker (sizes differ by at most one; a
+part may be empty), as TF's DATA auto-sharding assigns samples. Every worker
+then has as many batches as the dataset, so no agreement is needed. This
+applies when the dataset's auto-shard policy is AUTO or DATA, its length is
+known (or infinite) and the same on every worker (compared once per epoch
+iterator), and every element is dense tensors with a batch dimension.
+Otherwise (several replicas in this process, a length TF cannot know, auto-
+sharding OFF or by files, ragged or sparse inputs, a `DistributedDataset` the
+user made) Keras keeps the distributed iterator.
+"""
+
+import functools
+import itertools
+import weakref
+
+import tensorflow as tf
+
+from tfdist_ext import _compat
+from tfdist_ext.keras import uneven
+
+_agreements = itertools.count()  # the same sequence on every worker (SPMD)
+_chosen = weakref.WeakKeyDictionary()  # distributed dataset -> what Keras iterates
+_SPLITTABLE = (tf.data.experimental.AutoShardPolicy.AUTO,
+               tf.data.experimental.AutoShardPolicy.DATA)
+
+
+def wrap_get_iterator(original):
+    """`TFEpochIterator._get_iterator`: this worker's plain dataset where it can be."""
+
+    @functools.wraps(original)
+    def get_iterator(self):
+        distributed = original(self)
+        if distributed not in _chosen:
+            _chosen[distributed] = _local_dataset(
+                distributed, self._distribute_strategy,  # pylint: disable=protected-access
+                user_made=isinstance(self.data_adapter.get_tf_dataset(),
+                                     tf.distribute.DistributedDataset))
+        return _chosen[distributed]
+
+    return get_iterator
+
+
+def _local_dataset(distributed, strategy, user_made):
+    """This worker's `tf.data.Dataset` of `distributed`, or `distributed` itself."""
+    if (user_made or not uneven.is_tfdist_strategy(strategy)
+            or len(strategy.extended.worker_devices) != 1):
+        return distributed
+    dataset = _compat.undistributed_dataset(distributed)
+    if dataset is None:
+        return distributed
+    workers = strategy.num_workers
+    if workers == 1:
+        return dataset
+    if not (_splittable(dataset) and _same_length(dataset, strategy)):
+        return distributed
+    return split_batches(dataset, strategy.worker_index, workers)
+
+
+def split_batches(dataset, index, count):
+    """Part `index` of `count` of each batch of `dataset`: contiguous, sizes within one.
+
+    Args:
+        dataset: Batches of dense tensors sharing their first dimension.
+        index: This worker's part.
+        count: The number of parts (workers).
+    """
+
+    packed = isinstance(dataset.element_spec, tuple)  # map unpacks tuples into arguments
+
+    def part(*batch):
+        batch = batch if packed else batch[0]
+        size = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+        lo, hi = size * index // count, size * (index + 1) // count
+        return tf.nest.map_structure(lambda t: t[lo:hi], batch)
+
+    return dataset.map(part, deterministic=True)
+
+
+def _splittable(dataset):
+    if dataset.options().experimental_distribute.auto_shard_policy not in _SPLITTABLE:
+        return False
+    specs = tf.nest.flatten(dataset.element_spec)
+    return bool(specs) and all(type(s) is tf.TensorSpec and s.shape.rank  # pylint: disable=unidiomatic-typecheck
+                               for s in specs)
+
+
+def _same_length(dataset, strategy):
+    """Whether every worker's dataset has the same known (or infinite) batch count."""
+    count = int(dataset.cardinality())
+    counts = {int(c) for c in strategy.exchange(f"local-input/{next(_agreements)}",
+                                                str(count))}
+    return len(counts) == 1 and (count >= 0 or count == tf.data.INFINITE_CARDINALITY)
