@@ -6,8 +6,8 @@
         model.compile(...)
     model.fit(dataset)
 
-Run N local workers with `tfdist-run -np N python train.py`, or set TF_CONFIG on
-each host of a real cluster.
+Run N local workers with `tfdist-run -np N python train.py`, set TF_CONFIG on
+each host of a real cluster, or run a Kubernetes Indexed Job (`cluster_env`).
 
 Submodules load on first use, so the launcher (`tfdist_ext.launch`) starts
 without importing TensorFlow.
@@ -21,12 +21,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
+# A pod of a Kubernetes Indexed Job (TFDIST_WORKERS in its manifest): TF_CONFIG from it.
+importlib.import_module("tfdist_ext.cluster_env").apply()
 if os.environ.get("TF_CONFIG"):
     # A worker of a multi-worker job: configure TF before the script's first op.
     importlib.import_module("tfdist_ext.early").prepare()
 
-_SUBMODULES = ("bucketing", "cluster", "collectives", "compression", "early", "keras", "launch",
-               "ops", "ps", "sync")
+_SUBMODULES = ("bucketing", "cluster", "cluster_env", "collectives", "compression", "early",
+               "keras", "launch", "ops", "ps", "sync")
 _ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy_config"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 
