@@ -239,7 +239,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def compression_decisions(self):
         """The decision rounds of `compression="adaptive"` so far (a list of dicts,
         see `tfdist_ext.keras.AdaptiveCompression.decisions`); empty otherwise."""
-        controller = getattr(self, "_adaptive", None)
+        from tfdist_ext.keras import fit_callbacks  # pylint: disable=import-outside-toplevel
+        controller = fit_callbacks.kept(self).get("adaptive")
         return list(controller.decisions) if controller else []
 
     def broadcast_from_chief(self, values):
