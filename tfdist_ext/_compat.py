@@ -34,6 +34,7 @@ from keras.src.backend.tensorflow import nn as keras_tf_nn
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
+from keras.src.trainers.data_adapters import tf_dataset_adapter as keras_tf_dataset_adapter
 from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
@@ -76,8 +77,11 @@ SingleWorkerOwnedDatasetIterator = input_lib._SingleWorkerOwnedDatasetIterator  
 SingleWorkerDatasetIteratorSpec = input_lib._SingleWorkerDatasetIteratorSpec  # pylint: disable=protected-access
 OwnedMultiDeviceIterator = multi_device_iterator_ops.OwnedMultiDeviceIterator
 MultiDeviceIteratorSpec = multi_device_iterator_ops.MultiDeviceIteratorSpec
-# Keras' epoch iterator, whose `_get_iterator` `tfdist_ext.keras.local_input` wraps.
+# Keras' epoch iterator, whose `_get_iterator` `tfdist_ext.keras.local_input` wraps, and
+# the one data adapter that can hold a user's `DistributedDataset` (its `get_tf_dataset`
+# returns what it holds; the array adapter's builds a new pipeline at every call).
 TFEpochIterator = keras_tf_trainer.TFEpochIterator
+TFDatasetAdapter = keras_tf_dataset_adapter.TFDatasetAdapter
 
 
 def undistributed_dataset(distributed):

@@ -45,10 +45,12 @@ def wrap_get_iterator(original):
     def get_iterator(self):
         distributed = original(self)
         if distributed not in _chosen:
+            adapter = self.data_adapter
+            user_made = (isinstance(adapter, _compat.TFDatasetAdapter) and isinstance(
+                adapter.get_tf_dataset(), tf.distribute.DistributedDataset))
             _chosen[distributed] = _local_dataset(
                 distributed, self._distribute_strategy,  # pylint: disable=protected-access
-                user_made=isinstance(self.data_adapter.get_tf_dataset(),
-                                     tf.distribute.DistributedDataset))
+                user_made=user_made)
         return _chosen[distributed]
 
     return get_iterator
