@@ -2,10 +2,12 @@
 
     python hosts_checks.py OUT_DIR
 
-Records the host layout the strategy discovers from TF_CONFIG's addresses, and the
-result and time of a 4 MB all-reduce with "hierarchical" and with "ring" on the UCX
-engine (TF's collectives when it is not built), after one untimed call each.
-Writes OUT_DIR/w<index>.json.
+Records the host layout the strategy discovers from TF_CONFIG's addresses, and for a
+4 MB all-reduce with "hierarchical" and with "ring" on the UCX engine (TF's
+collectives when it is not built): its result, its time and the bytes this worker's
+host (network namespace) sent over its link during it. A tiny all-reduce before and
+after the call fences it, so the count holds every byte of the call and nothing of
+the untimed first call. Writes OUT_DIR/w<index>.json.
 """
 
 import json
@@ -19,16 +21,31 @@ import tfdist_ext
 from tfdist_ext.ops import ucx as ucx_ops
 
 
-def _time_allreduce(strategy):
-    @tf.function
-    def reduce():
-        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-            "SUM", tf.ones([1 << 20]) * tf.cast(strategy.worker_index + 1, tf.float32)))
+def _sent_bytes():
+    """Bytes sent by this network namespace's interfaces other than loopback."""
+    with open("/proc/net/dev", encoding="utf-8") as f:
+        rows = [line.split(":", 1) for line in f.readlines()[2:]]
+    return sum(int(fields.split()[8]) for name, fields in rows if name.strip() != "lo")
 
+
+def _measure(strategy):
+    def run(size):
+        @tf.function
+        def reduce():
+            return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+                "SUM", tf.ones([size]) * tf.cast(strategy.worker_index + 1, tf.float32)))
+        return lambda: strategy.experimental_local_results(reduce())[0]
+
+    fence, reduce = run(1), run(1 << 20)
     reduce()
+    fence()
+    sent = _sent_bytes()
+    fence()
     start = time.monotonic()
-    result = strategy.experimental_local_results(reduce())[0]
-    return {"seconds": time.monotonic() - start,
+    result = reduce()
+    seconds = time.monotonic() - start
+    fence()
+    return {"seconds": seconds, "host_sent_bytes": _sent_bytes() - sent,
             "sum_min": float(tf.reduce_min(result)), "sum_max": float(tf.reduce_max(result))}
 
 
@@ -38,7 +55,7 @@ def main(out_dir):
     results = {"engine": engine}
     for name in ("hierarchical", "ring"):
         strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
-        results[name] = _time_allreduce(strategy)
+        results[name] = _measure(strategy)
         results["rank_hosts"] = list(strategy.extended.cross_device_ops.rank_hosts)
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
