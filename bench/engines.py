@@ -7,7 +7,11 @@
 One job, the same worker processes, float32, every row timed the same way: a
 call chains `--steps` all-reduces and starts right after a barrier; min and
 median over `--repeat` calls. Rows:
-    * ``ucx:<algorithm>``: the UCX engine (`engine="ucx"`);
+    * ``ucx:<algorithm>``: the UCX engine (`engine="ucx"`) as a user gets it:
+      worker processes of one machine sum through shared memory whatever the
+      algorithm;
+    * ``ucx-sched:<algorithm>``: the UCX engine running the algorithm's
+      schedule over UCX (what it does across machines);
     * ``tf:native``: TF's own CollectiveReduceV2 ring (what stock
       MultiWorkerMirroredStrategy does), and ``tf:<algorithm>``: the graph engine;
     * ``gloo``: `torch.distributed.all_reduce` with the Gloo backend, when
@@ -43,6 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--sizes", default="1KB,64KB,1MB,16MB,64MB")
     parser.add_argument("--ucx", default="ring,butterfly",
                         help="UCX-engine algorithms (comma-separated)")
+    parser.add_argument("--ucx-schedules", default="ring",
+                        help="algorithms whose schedules run over UCX even on one machine")
     parser.add_argument("--tf", default="native",
                         help="TF-engine algorithms: 'native' and/or graph-engine names")
     parser.add_argument("--transport", choices=("any", "tcp"), default="any",
@@ -129,6 +135,19 @@ def gloo_times(sizes, steps_for, repeats, rank, world, port):
     return out
 
 
+class _Schedule:
+    """A registered algorithm's schedule, run as written (no shared-memory sum)."""
+
+    def __init__(self, name):
+        from tfdist_ext import collectives  # pylint: disable=import-outside-toplevel
+
+        self.name = name
+        self.schedule = collectives.ALGORITHMS.get(name).schedule
+
+    def __str__(self):
+        return self.name
+
+
 def run(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -154,6 +173,8 @@ def run(args):
         n, steps = max(size // 4, 1), steps_for(size)
         fns = {f"ucx:{a}": calibration.all_reduce_fn(ucx_ops, a, n, steps)
                for a in args.ucx.split(",") if a}
+        fns.update({f"ucx-sched:{a}": calibration.all_reduce_fn(
+            ucx_ops, _Schedule(a), n, steps) for a in args.ucx_schedules.split(",") if a})
         fns.update({f"tf:{a}": calibration.all_reduce_fn(tf_ops, a, n, steps)
                     for a in args.tf.split(",") if a})
         for name, times in calibration.time_interleaved(fns, args.repeat, barrier, steps).items():
@@ -181,13 +202,14 @@ def run(args):
     for (name, size), times in rows.items():
         t_min, t_med = min(times), float(np.median(times))
         algbw = size / t_med / 1e9
-        records.append({"engine": name.split(":")[0], "row": name, "world": world,
+        records.append({"engine": name.split(":")[0].split("-")[0], "row": name,
+                        "world": world,
                         "placement": "workers" if spec else "replicas",
                         "transport": args.transport, "bytes": size,
                         "time_ms_min": 1e3 * t_min, "time_ms_median": 1e3 * t_med,
                         "algbw_GBps": algbw,
                         "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
-                        **limits})
+                        "algbw_over_memcpy": algbw / limits["memcpy_GBps"], **limits})
     summarize(records, args, limits)
     return 0
 
@@ -203,10 +225,11 @@ def summarize(records, args, limits):
     print(f"limits: memcpy {limits['memcpy_GBps']:.2f} GB/s, loopback TCP "
           f"{limits['loopback_tcp_GBps']:.2f} GB/s; UCX transport: {args.transport}")
     print(f"{'bytes':>10} {'row':<16} {'min ms':>9} {'med ms':>9} {'algbw':>7} {'busbw':>7} "
-          f"{'x gloo':>7} {'x tf':>7}")
+          f"{'/memcpy':>7} {'x gloo':>7} {'x tf':>7}")
     for r in sorted(records, key=lambda r: (r["bytes"], r["row"])):
         print(f"{r['bytes']:>10} {r['row']:<16} {r['time_ms_min']:9.3f} "
               f"{r['time_ms_median']:9.3f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} "
+              f"{r['algbw_over_memcpy']:7.2f} "
               f"{r.get('speedup_vs_gloo', float('nan')):7.2f} "
               f"{r.get('speedup_vs_tf_native', float('nan')):7.2f}")
     if args.json:

@@ -8,6 +8,7 @@
 
 #include "tsl/profiler/lib/traceme.h"
 #include "ucx/handles.h"
+#include "ucx/host_group.h"
 #include "ucx/local_group.h"
 #include "ucx/reduce.h"
 #include "ucx/worker.h"
@@ -168,7 +169,10 @@ void Comm::Loop() {
     std::shared_ptr<void> result = job.keep_alive;
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
-      if (!job.in_process)
+      if (job.host_sum)
+        error = host_enabled_ ? host_group_->AllReduce(job)
+                              : "a shared-memory all-reduce on a communicator outside a host group";
+      else if (!job.in_process)
         error = Run(job, next_seq_++);
       else if (local_group_ == nullptr)
         error = "an in-process all-reduce on a communicator outside a local group";
@@ -181,6 +185,25 @@ void Comm::Loop() {
     }
     job.done(error, result);
   }
+}
+
+std::string Comm::CreateHostGroup(std::string* problem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (host_group_ == nullptr)
+    host_group_ = HostGroup::Create(rank_, world_size_, options_.segment_bytes, options_.spin_us,
+                                    options_.timeout_seconds, problem);
+  return host_group_ == nullptr ? "" : host_group_->identity();
+}
+
+std::string Comm::JoinHost(const std::vector<std::string>& identities) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (host_group_ == nullptr) return "this rank has no shared-memory area";
+  return host_group_->Join(identities);
+}
+
+void Comm::UseHost(bool enable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  host_enabled_ = enable && host_group_ != nullptr;
 }
 
 void Comm::JoinLocal(std::shared_ptr<LocalGroup> group, int index) {

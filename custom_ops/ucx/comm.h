@@ -18,7 +18,8 @@
 // received segment is reduced as soon as it arrives when nothing else in the
 // round touches its range (transfer and reduction overlap).
 //
-// In-process all-reduce: see local_group.h.
+// In-process all-reduce: see local_group.h. Through shared memory among the
+// processes of one machine: see host_group.h.
 //
 // Progress: the executor thread sleeps on a condition variable while it has no
 // job. Inside a job it polls the UCP worker for up to `spin_us` microseconds
@@ -70,6 +71,7 @@ struct Job {
   int64_t num_elements = 0;
   std::string name;  // profiler label, e.g. "tfdist/ring/b0"
   bool in_process = false;  // an all-reduce over the `LocalGroup`; `plan` unused
+  bool host_sum = false;    // an all-reduce over the `HostGroup`; `plan` unused
   std::shared_ptr<void> keep_alive;  // owns `data` until the job is retired
   // Called when the job is retired: `error` is empty on success, and
   // `result` is the `keep_alive` of the job whose `data` holds the result
@@ -77,6 +79,7 @@ struct Job {
   std::function<void(const std::string& error, const std::shared_ptr<void>& result)> done;
 };
 
+class HostGroup;   // host_group.h
 class LocalGroup;  // local_group.h
 class Written;     // written.h
 
@@ -104,6 +107,13 @@ class Comm {
   void Submit(Job job);
   // Makes this rank member `index` of `group` (before any in-process job).
   void JoinLocal(std::shared_ptr<LocalGroup> group, int index);
+  // Creates this rank's shared-memory area; returns what peers need to map it
+  // (its identity), or "" with `problem` set.
+  std::string CreateHostGroup(std::string* problem);
+  // Maps the peers' areas from their identities; returns "" or the problem.
+  std::string JoinHost(const std::vector<std::string>& identities);
+  // Whether `host_sum` jobs may run (every rank joined; before any such job).
+  void UseHost(bool enable);
   // Member index in the local group, or -1 when not in one.
   int local_index() const { return local_index_; }
   int rank() const { return rank_; }
@@ -132,6 +142,8 @@ class Comm {
   std::vector<char> scratch_;
   std::vector<Job> retired_on_error_;  // buffers UCX may still touch after a failure
   std::shared_ptr<LocalGroup> local_group_;
+  std::unique_ptr<HostGroup> host_group_;
+  bool host_enabled_ = false;
   int local_index_ = -1;
 
   std::mutex mu_;

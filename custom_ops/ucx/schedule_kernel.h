@@ -60,6 +60,7 @@ class ScheduleKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("plan", &flat));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("in_process", &in_process_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_sum", &host_sum_));
     DataType dtype;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
     OP_REQUIRES_OK(ctx, ToDType(dtype, &dtype_));
@@ -114,6 +115,7 @@ class ScheduleKernel {
     *kept = held;
     job->plan = plan_;
     job->in_process = in_process_;
+    job->host_sum = host_sum_;
     job->dtype = dtype_;
     job->itemsize = itemsize_;
     job->data = held->output ? static_cast<char*>(held->output->data()) : nullptr;
@@ -124,10 +126,13 @@ class ScheduleKernel {
   }
 
   // Whether a job over `n` elements communicates (else the input is the result).
-  bool Runs(int64_t n) const { return n > 0 && (in_process_ || !plan_->rounds.empty()); }
+  bool Runs(int64_t n) const {
+    return n > 0 && (in_process_ || host_sum_ || !plan_->rounds.empty());
+  }
 
   int64_t handle_ = 0;
   bool in_process_ = false;
+  bool host_sum_ = false;
   std::string label_;
   DType dtype_;
   size_t itemsize_ = 0;

@@ -64,13 +64,46 @@ REGISTER_OP("TfdistUcxRun")
     .Attr("plan: list(int)")
     .Attr("label: string")
     .Attr("in_process: bool = false")
+    .Attr("host_sum: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
     .Doc(R"doc(
 Runs an encoded schedule on the 1-D `input` over the communicator `handle`
-(in place when TF can forward `input`'s buffer, else out of place). `token` is a per-communicator resource that orders this rank's
-collectives (and only them) by automatic control dependencies.
+(in place when TF can forward `input`'s buffer, else out of place). `token` is
+a per-communicator resource that orders this rank's collectives (and only
+them) by automatic control dependencies. With `in_process` the job is a sum
+over the local group, with `host_sum` over the host group (`plan` unused).
 )doc");
+
+REGISTER_OP("TfdistUcxHostIdentity")
+    .Input("handle: int64")
+    .Output("identity: string")
+    .Output("problem: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates the communicator's shared-memory area for all-reduces among the
+processes of one machine; `identity` is what the peers need to map it ("" with
+`problem` set when the area cannot be made).
+)doc");
+
+REGISTER_OP("TfdistUcxJoinHost")
+    .Input("handle: int64")
+    .Input("identities: string")
+    .Output("problem: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Maps every rank's shared-memory area (`identities`, index = rank); `problem`
+is "" when this rank can take part in `host_sum` all-reduces.
+)doc");
+
+REGISTER_OP("TfdistUcxUseHost")
+    .Input("handle: int64")
+    .Input("enable: bool")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Allows (or refuses) `host_sum` all-reduces once every rank joined.");
 
 class CreateOp : public OpKernel {
  public:
@@ -138,6 +171,47 @@ class JoinLocalOp : public OpKernel {
   float timeout_seconds_;
 };
 
+class HostIdentityOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    auto comm = GetComm(ctx, ctx->input(0).scalar<int64_t>()());
+    if (comm == nullptr) return;
+    std::string problem;
+    std::string identity = comm->CreateHostGroup(&problem);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tensorflow::tstring>()() = identity;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &out));
+    out->scalar<tensorflow::tstring>()() = problem;
+  }
+};
+
+class JoinHostOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    auto comm = GetComm(ctx, ctx->input(0).scalar<int64_t>()());
+    if (comm == nullptr) return;
+    auto flat = ctx->input(1).flat<tensorflow::tstring>();
+    std::vector<std::string> identities;
+    for (int64_t i = 0; i < flat.size(); ++i) identities.emplace_back(flat(i));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tensorflow::tstring>()() = comm->JoinHost(identities);
+  }
+};
+
+class UseHostOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    auto comm = GetComm(ctx, ctx->input(0).scalar<int64_t>()());
+    if (comm == nullptr) return;
+    comm->UseHost(ctx->input(1).scalar<bool>()());
+  }
+};
+
 class DestroyOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -177,6 +251,10 @@ class RunOp : public AsyncOpKernel, ScheduleKernel {
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxCreate").Device(tensorflow::DEVICE_CPU), CreateOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxConnect").Device(tensorflow::DEVICE_CPU), ConnectOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxJoinLocal").Device(tensorflow::DEVICE_CPU), JoinLocalOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxHostIdentity").Device(tensorflow::DEVICE_CPU),
+                        HostIdentityOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxJoinHost").Device(tensorflow::DEVICE_CPU), JoinHostOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxUseHost").Device(tensorflow::DEVICE_CPU), UseHostOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxDestroy").Device(tensorflow::DEVICE_CPU), DestroyOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxRun").Device(tensorflow::DEVICE_CPU), RunOp);
 

@@ -100,6 +100,12 @@ def collective_ops(graph):
     return found
 
 
+def ucx_host_sums(graph):
+    """[UCX ops summing through shared memory, all UCX ops] in a FuncGraph."""
+    ops = [op for op in graph.get_operations() if op.type in UCX_OPS]
+    return [sum(bool(op.get_attr("host_sum")) for op in ops), len(ops)]
+
+
 def engine_problems(ops, pair_keys, world_size, engine="tf"):
     """Why `ops` do not show that `engine` ("tf" or "ucx") reduced every dtype."""
     lo, hi = pair_keys

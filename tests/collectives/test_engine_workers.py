@@ -18,10 +18,12 @@ CHECKS = ROOT / "tests" / "workers" / "engine_checks.py"
 
 
 # The graph engine executes the same schedules as the UCX engine: it is checked at 3
-# workers here; UCX at 4, and at 2 by the fit test below (every algorithm against
-# native, on the default engine). UCX's schedules at 3 and 5 replicas run over UCX in
-# one process (tests/collectives/test_engine_replicas.py, "ucx-schedules"); CI time.
-@pytest.mark.parametrize("engine,num_workers", [("tf", 3), ("ucx", 4)])
+# workers here. UCX worker processes of one machine sum buffers of 64 KB and more
+# through shared memory whatever the algorithm: checked at 3 workers here. UCX's schedules run across
+# processes in the fit test below (every algorithm against native, shared memory
+# refused by one worker), and at 3 and 5 replicas over UCX in one process
+# (tests/collectives/test_engine_replicas.py, "ucx-schedules"); CI time.
+@pytest.mark.parametrize("engine,num_workers", [("tf", 3), ("ucx", 3)])
 def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
     code, out, _ = launch(num_workers, [CHECKS, tmp_path, "--engine", engine], timeout=240)
     assert code == 0, out[-3000:]
@@ -31,7 +33,22 @@ def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
         for result in per_worker:
             assert result["problems"] == [], (name, result)
             assert result["collectives"] > 0, name
+            summed, total = result["host_sums"]
+            # One machine: a registered algorithm's buffers of 64 KB and more sum
+            # through shared memory, smaller ones run the schedule; "hierarchical"
+            # with a given host layout always runs its schedule.
+            if engine == "ucx" and name != "hierarchical":
+                assert 0 < summed < total, (name, result["host_sums"])
+            else:
+                assert summed == 0, (name, result["host_sums"])
         assert len({r["sha"] for r in per_worker}) == 1, f"{name}: workers differ"
+    if engine == "ucx":  # worker 0 sums 65536 float32 elements, the others 65537
+        for r in results:
+            assert r["disagree"]["on_host"], r["disagree"]
+            assert "the ranks disagree on the all-reduce: rank " in r["disagree"]["error"], \
+                r["disagree"]
+        assert "rank 1 sums 65537 float32 elements, this rank 65536 float32" in \
+            results[0]["disagree"]["error"], results[0]
 
 
 @pytest.mark.parametrize("engine", ["ucx"])
@@ -52,6 +69,9 @@ def test_fit_with_every_algorithm_ends_where_native_ends_and_auto_refines_alike(
 
     assert agreed(results[0]["fit"]["auto"]["refinements"]) == agreed(
         results[1]["fit"]["auto"]["refinements"])
+    for r in results:
+        assert [r["fit"][name]["on_host"] for name in collectives.ALGORITHMS.names()] == \
+            [False] * len(collectives.ALGORITHMS.names())
     for r in results:
         assert r["refine"]["problems"] == [], r["refine"]
         assert [d["source"] for d in r["refine"]["decisions"]] == ["timed", "timed"]

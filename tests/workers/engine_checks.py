@@ -3,10 +3,13 @@
     python engine_checks.py OUT_DIR [--fit] [--engine tf|ucx]
 
 For every algorithm (and "hierarchical" with the workers split into two hosts),
-one `tfdist_ext.Strategy(allreduce=name, engine=...)` reduces every dtype x size (tests/collectives/engine_cases.py) across the
-worker processes; inputs are seeded by rank, so each worker checks the result
-against numpy itself. With --fit, Keras `fit` runs once per algorithm, once
-with "auto" and once with "native", and the final weights are recorded; and
+one `tfdist_ext.Strategy(allreduce=name, engine=...)` reduces every dtype x
+size (tests/collectives/engine_cases.py) across the worker processes; inputs
+are seeded by rank, so each worker checks the result against numpy itself, and
+records how many UCX ops sum through shared memory. With --fit (worker 1
+refusing shared memory: TFDIST_UCX_SHARED_MEMORY=0), Keras `fit` runs once per
+algorithm, once with "auto" and once with "native", and the final weights are
+recorded; and
 "auto" refines a model that ties three candidates (tests/collectives/
 refine_cases.py), recording its timings. Writes OUT_DIR/w<index>.json.
 """
@@ -37,12 +40,25 @@ def check_reductions(allreduce, num_workers, index, engine):
     sums, means = strategy.experimental_local_results(fn(inputs))[0]
     sums, means = [t.numpy() for t in sums], [t.numpy() for t in means]
     lo, hi = strategy.collective_key_range
-    ops = cases.collective_ops(fn.get_concrete_function(inputs).graph)
+    graph = fn.get_concrete_function(inputs).graph
+    ops = cases.collective_ops(graph)
     problems = cases.engine_problems(ops, (lo + (hi - lo) // 2, hi), num_workers, engine)
     problems += cases.check(num_workers, [cases.numpy_inputs(r) for r in range(num_workers)],
                             sums, means)
     digest = hashlib.sha256(b"".join(t.tobytes() for t in sums + means)).hexdigest()
-    return {"rank": index, "problems": problems, "collectives": len(ops), "sha": digest}
+    return {"rank": index, "problems": problems, "collectives": len(ops), "sha": digest,
+            "host_sums": cases.ucx_host_sums(graph)}
+
+
+def check_disagreement(index):
+    """The error when worker 0 sums fewer elements than the others (own communicators)."""
+    strategy = tfdist_ext.Strategy(engine="ucx")
+    engine = strategy.extended.cross_device_ops.new_engine(role="disagree")
+    try:
+        engine.all_reduce(tf.ones([(1 << 16) + (index > 0)]), 0, "ring")
+    except tf.errors.UnavailableError as err:
+        return {"on_host": engine.on_host, "error": err.message}
+    return {"on_host": engine.on_host, "error": None}
 
 
 def check_refinement(engine):
@@ -70,10 +86,11 @@ def fit(name, engine):
                                   keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse")
     history = model.fit(dataset, epochs=3, verbose=0)
+    on_host = getattr(strategy.extended.cross_device_ops.engines.main(), "on_host", None)
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     return {"loss": history.history["loss"], "weights": weights.tolist(),
             "sha": hashlib.sha256(weights.tobytes()).hexdigest(),
-            "refinements": strategy.allreduce_refinements}
+            "refinements": strategy.allreduce_refinements, "on_host": on_host}
 
 
 def main(out_dir, *flags):
@@ -89,7 +106,13 @@ def main(out_dir, *flags):
         hosts = tuple(2 * i // num_workers for i in range(num_workers))
         results["reduce"]["hierarchical"] = check_reductions(
             {"name": "hierarchical", "hosts": hosts}, num_workers, index, engine)
+        if engine == "ucx":
+            results["disagree"] = check_disagreement(index)
     else:
+        # Worker 1 refuses shared memory, so every worker runs the schedules
+        # over UCX (and the fits compare them across processes).
+        if index == 1:
+            os.environ["TFDIST_UCX_SHARED_MEMORY"] = "0"
         # "native" last: a strategy whose variables are created after a
         # native-path fit in the same process hung in TF's variable-init
         # broadcast (seen with 2 workers, TF 2.21); the reverse order works.

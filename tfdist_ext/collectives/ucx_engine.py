@@ -24,6 +24,16 @@ replicas' buffers into one output, and that one buffer is every replica's
 result (bit-identical by construction). All-gather, broadcast and gossip
 exchanges still run their schedules.
 
+When every rank is a process of this machine (one replica each, same boot,
+PID and network namespace: emulated hosts of the test bed do not count), an
+all-reduce of at least `HOST_SUM_MIN_BYTES` (64 KB) likewise skips UCX
+whatever the algorithm: the ranks stage chunks
+of their buffers in shared memory that every peer maps, each rank sums its
+part of every chunk and copies the others' (`custom_ops/ucx/host_group.h`).
+Every rank must manage to map every peer's memory, or none uses it (the
+reason is logged once). A peer whose process exits is noticed within
+milliseconds there, not after `timeout_seconds`.
+
 Tuning:
     * `segment_bytes` (1 MB): smaller segments overlap reduction and transfer
       sooner, larger ones cost fewer messages. 256 KB-4 MB all do well.
@@ -35,12 +45,17 @@ Tuning:
       communicator stays failed (the job must restart).
     * `TFDIST_UCX_IN_PROCESS=0` (environment) makes logical replicas run the
       schedules over UCX instead of the in-process sum (for testing them).
+    * `TFDIST_UCX_SHARED_MEMORY=0` (environment, on any worker) makes the
+      processes of one machine run the schedules over UCX instead of the
+      shared-memory sum. `segment_bytes` is also its chunk size (each rank
+      maps 4 chunks per peer).
     * TCP segment sizes default to 256 KB / 1 MB unless UCX_TCP_TX_SEG_SIZE /
       UCX_TCP_RX_SEG_SIZE are set; UCX_TLS and UCX_NET_DEVICES choose transports
       and interfaces as usual.
 """
 
 import base64
+import logging
 import os
 import threading
 
@@ -53,9 +68,14 @@ from tfdist_ext.ops import ucx as ucx_ops
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 SEND, RECV_REDUCE, RECV_COPY = 0, 1, 2
+HOST_SUM_MIN_BYTES = 64 << 10  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
+log = logging.getLogger("tfdist_ext")
+# Reasons not to use shared memory that are choices or layouts, not failures.
+_NOT_TRIED = (b"TFDIST_UCX_SHARED_MEMORY=0", b"its worker has several replicas",
+              b"another machine")
 
 
 def encode(schedule: Schedule) -> list:
@@ -77,10 +97,12 @@ def engine_for(name, devices, world_size, first_rank, **options):
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
     if not in_process and world_size == len(devices):
         name += "-schedules"  # only within one process: the name is the rendezvous key
+    shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
     with _engines_lock:
         if name not in _engines:
             _engines[name] = UcxEngine(name, devices, world_size, first_rank,
-                                       in_process=in_process, **options)
+                                       in_process=in_process, shared_memory=shared_memory,
+                                       **options)
         return _engines[name]
 
 
@@ -97,6 +119,8 @@ class UcxEngine:
         segment_bytes: Largest message; bigger steps are pipelined.
         spin_us: Polling before a waiting rank sleeps.
         in_process: Sum all-reduces in process when every rank is local.
+        shared_memory: Sum all-reduces through shared memory when every rank
+            is a one-replica process of this machine.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -104,7 +128,7 @@ class UcxEngine:
     """
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
-                 segment_bytes=1 << 20, spin_us=200, in_process=True):
+                 segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True):
         self._ops = ucx_ops.load()
         self.name = name
         self.devices = tuple(devices)
@@ -131,28 +155,59 @@ class UcxEngine:
             if self.in_process:
                 self._ops.tfdist_ucx_join_local(tf.constant(self._handles, tf.int64),
                                                 timeout_seconds=float(timeout_seconds or 0.0))
+            self.on_host = (world_size > 1 and not self.in_process
+                            and self._join_host(shared_memory))
 
-    def _exchange(self, mine):
-        """All ranks' addresses, in rank order (KV store across workers)."""
+    def _join_host(self, wanted):
+        """Whether every rank mapped every peer's shared memory (then it is used)."""
+        problem = b""
+        if not wanted:
+            problem = _NOT_TRIED[0] + b" on its worker"
+        elif len(self.devices) > 1:
+            problem = _NOT_TRIED[1]
+        identities, problems = [b""] * len(self._handles), [problem] * len(self._handles)
+        if not problem:
+            for i, handle in enumerate(self._handles):
+                identities[i], problems[i] = (
+                    t.numpy() for t in self._ops.tfdist_ucx_host_identity(handle))
+        identities = self._exchange(identities, "host")
+        for i, handle in enumerate(self._handles):
+            if not problems[i]:
+                problems[i] = self._ops.tfdist_ucx_join_host(
+                    handle, tf.constant(identities)).numpy()
+        problems = self._exchange(problems, "host-joined")
+        usable = not any(problems)
+        for handle in self._handles:
+            self._ops.tfdist_ucx_use_host(handle, usable)
+        first = next((rank for rank, p in enumerate(problems) if p), None)
+        if first is not None and self.first_rank == 0:
+            chosen = any(reason in problems[first] for reason in _NOT_TRIED)
+            (log.info if chosen else log.warning)(
+                "tfdist_ext: the UCX engine's all-reduces run their schedules, not through "
+                "shared memory: rank %d: %s", first, problems[first].decode())
+        return usable
+
+    def _exchange(self, mine, topic="address"):
+        """Every rank's bytes for `topic`, in rank order (KV store across workers)."""
         if len(mine) == self.world_size:
             return list(mine)
         kv = _compat.context.context()
-        for i, address in enumerate(mine):
-            kv.set_config_key_value(self._key(self.first_rank + i),
-                                    base64.b64encode(address).decode())
+        for i, value in enumerate(mine):
+            kv.set_config_key_value(self._key(self.first_rank + i, topic),
+                                    base64.b64encode(value).decode())
         everyone = []
         for rank in range(self.world_size):
             local = rank - self.first_rank
             if 0 <= local < len(mine):
                 everyone.append(mine[local])
                 continue
-            value = kv.get_config_key_value(self._key(rank),
+            value = kv.get_config_key_value(self._key(rank, topic),
                                             timeout_in_ms=_RENDEZVOUS_SECONDS * 1000)
             everyone.append(base64.b64decode(value))
         return everyone
 
-    def _key(self, rank):
-        return f"tfdist_ext/ucx/{self.name}/{rank}"
+    def _key(self, rank, topic):
+        return f"tfdist_ext/ucx/{self.name}/{topic}/{rank}"
 
     def _plan(self, kind, algorithm, rank, n):
         key = (kind, algorithm, rank, n)
@@ -177,16 +232,20 @@ class UcxEngine:
                 f"received {flat.dtype.name}.")
         return n
 
-    def _run(self, flat, local_index, plan, label, in_process=False):
+    def _run(self, flat, local_index, plan, label, in_process=False, host_sum=False):
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_run(
                 flat, self._tokens[local_index].handle, handle=self._handles[local_index],
-                plan=plan, label=label, in_process=in_process)
+                plan=plan, label=label, in_process=in_process, host_sum=host_sum)
 
     def _sums_in_process(self, algorithm):
         # A registered all-reduce (a name); a schedule object such as gossip's
         # exchange is not a sum and always runs as written.
         return self.in_process and isinstance(algorithm, str)
+
+    def _sums_on_host(self, algorithm, flat):
+        nbytes = flat.shape.num_elements() * flat.dtype.size
+        return self.on_host and isinstance(algorithm, str) and nbytes >= HOST_SUM_MIN_BYTES
 
     def all_reduce(self, flat, local_index, algorithm, label=None):
         """Sums the 1-D `flat` over all ranks with `algorithm`'s schedule.
@@ -201,6 +260,8 @@ class UcxEngine:
         label = label or f"tfdist/{algorithm}"
         if self._sums_in_process(algorithm):
             return self._run(flat, local_index, [0], label, in_process=True)
+        if self._sums_on_host(algorithm, flat):
+            return self._run(flat, local_index, [0], label, host_sum=True)
         return self._run(flat, local_index, self._plan("all_reduce", algorithm, rank, n), label)
 
     def all_gather(self, flat, local_index, label="tfdist/allgather"):
@@ -234,13 +295,14 @@ class UcxEngine:
         n = self._check(flat)
         rank = self.first_rank + local_index
         in_process = self._sums_in_process(algorithm) and n > 0
-        plan = ([0] if self.world_size == 1 or n == 0 or in_process
+        host_sum = self._sums_on_host(algorithm, flat) and n > 0
+        plan = ([0] if self.world_size == 1 or n == 0 or in_process or host_sum
                 else self._plan("all_reduce", algorithm, rank, n))
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_start(
                 flat, self._tokens[local_index].handle, handle=self._handles[local_index],
                 plan=plan, label=label or f"tfdist/{algorithm}", keep_input=keep_input,
-                in_process=in_process)
+                in_process=in_process, host_sum=host_sum)
 
     def wait(self, ticket, local_index, num_elements, dtype, with_input=False):
         """The result of the collective `ticket` (each ticket is awaited once).
