@@ -17,6 +17,7 @@ PROGRAM = "import tfdist_ext; tfdist_ext.Strategy(startup_timeout=6); print('joi
 
 
 @pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_lone_worker_exits_naming_the_worker_that_never_started():
     """Worker 0 (the coordination leader) and worker 1 of two different clusters, each alone."""
     ports = free_ports(4)

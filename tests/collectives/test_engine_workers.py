@@ -42,12 +42,12 @@ def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
             else:
                 assert summed == 0, (name, result["host_sums"])
         assert len({r["sha"] for r in per_worker}) == 1, f"{name}: workers differ"
-    if engine == "ucx":  # worker 0 sums 65536 float32 elements, the others 65537
+    if engine == "ucx":  # worker 0 sums 262144 float32 elements, the others 262145
         for r in results:
             assert r["disagree"]["on_host"], r["disagree"]
             assert "the ranks disagree on the all-reduce: rank " in r["disagree"]["error"], \
                 r["disagree"]
-        assert "rank 1 sums 65537 float32 elements, this rank 65536 float32" in \
+        assert "rank 1 sums 262145 float32 elements, this rank 262144 float32" in \
             results[0]["disagree"]["error"], results[0]
 
 

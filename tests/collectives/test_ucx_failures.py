@@ -19,7 +19,7 @@ from conftest import ROOT, launch
 from tfdist_ext.launch import free_ports, tf_configs
 from tfdist_ext.ops import ucx as ucx_ops
 
-pytestmark = [pytest.mark.multiworker,
+pytestmark = [pytest.mark.multiworker, pytest.mark.alone,
               pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")]
 WORKER = ROOT / "tests" / "workers" / "ucx_fit.py"
 ENGINE_TIMEOUT = 15

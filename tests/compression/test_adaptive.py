@@ -184,6 +184,7 @@ def test_relaxed_sync_refuses_adaptive():
 
 
 @pytest.mark.multiworker
+@pytest.mark.alone
 def test_two_workers_decide_alike_and_redecide_for_a_straggler(tmp_path):
     code, out, _ = launch(2, [ROOT / "tests" / "workers" / "adaptive_checks.py", tmp_path],
                           timeout=240)

@@ -38,6 +38,7 @@ def test_datasets_compare_their_first_element_unless_auto_sharding_is_off():
 
 
 @pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_strategy_after_tensorflow_ran_names_the_fix():
     """TF ran before `import tfdist_ext` could prepare it: the error says what to do."""
     config = tf_configs([f"127.0.0.1:{p}" for p in free_ports(2)])[0]

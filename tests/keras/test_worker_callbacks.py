@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, launch, read_worker_json
 from tfdist_ext.keras import preemption
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.alone]
 CHECKS = ROOT / "tests" / "workers" / "callback_checks.py"
 
 

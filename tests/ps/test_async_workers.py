@@ -19,6 +19,7 @@ needs_ucx = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine
 
 @needs_ucx
 @pytest.mark.multiworker
+@pytest.mark.alone
 def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
     code, out, _ = launch(3, [CHECKS, tmp_path, "train"], timeout=300, options=("--ps", "2"))
     assert code == 0, out
@@ -62,6 +63,7 @@ def test_async_sessions_on_three_workers_and_two_servers(tmp_path):
 
 @needs_ucx
 @pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_dead_parameter_server_stops_the_job_naming_it(tmp_path):
     code, out, seconds = launch(2, [CHECKS, tmp_path, "kill_server"], timeout=120,
                                 options=("--ps", "1"))

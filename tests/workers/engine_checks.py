@@ -55,7 +55,7 @@ def check_disagreement(index):
     strategy = tfdist_ext.Strategy(engine="ucx")
     engine = strategy.extended.cross_device_ops.new_engine(role="disagree")
     try:
-        engine.all_reduce(tf.ones([(1 << 16) + (index > 0)]), 0, "ring")
+        engine.all_reduce(tf.ones([(1 << 18) + (index > 0)]), 0, "ring")
     except tf.errors.UnavailableError as err:
         return {"on_host": engine.on_host, "error": err.message}
     return {"on_host": engine.on_host, "error": None}

@@ -26,7 +26,7 @@ exchanges still run their schedules.
 
 When every rank is a process of this machine (one replica each, same boot,
 PID and network namespace: emulated hosts of the test bed do not count), an
-all-reduce of at least `HOST_SUM_MIN_BYTES` (64 KB) likewise skips UCX
+all-reduce of at least `HOST_SUM_MIN_BYTES` (1 MB) likewise skips UCX
 whatever the algorithm: the ranks stage chunks
 of their buffers in shared memory that every peer maps, each rank sums its
 part of every chunk and copies the others' (`custom_ops/ucx/host_group.h`).
@@ -68,7 +68,7 @@ from tfdist_ext.ops import ucx as ucx_ops
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 SEND, RECV_REDUCE, RECV_COPY = 0, 1, 2
-HOST_SUM_MIN_BYTES = 64 << 10  # smaller all-reduces run the (latency-optimal) schedules
+HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
