@@ -1,13 +1,20 @@
-"""Keras fit across worker processes started by tfdist-run (TF_CONFIG, gRPC)."""
+"""Keras fit across worker processes started by tfdist-run (TF_CONFIG, gRPC) or srun."""
 
+import os
 import pathlib
+import random
+import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, launch, read_worker_json
 
 pytestmark = pytest.mark.multiworker
 CHECKS = ROOT / "tests" / "workers" / "multiworker_checks.py"
+SLURM = ROOT / "tests" / "slurm" / "local_cluster.sh"
 
 
 def test_stock_multi_worker_strategy_fails_where_ours_passes(tmp_path):
@@ -21,11 +28,17 @@ def test_stock_multi_worker_strategy_fails_where_ours_passes(tmp_path):
         assert "Attempt to convert a value (PerReplica" in result["fit"]["error"]
 
 
-@pytest.mark.parametrize("num_workers", [2, 3])
-def test_fit_on_workers_ends_with_identical_weights(tmp_path, num_workers):
-    code, out, _ = launch(num_workers, [CHECKS, tmp_path, "tfdist"], timeout=240)
-    assert code == 0, out
-    results = read_worker_json(tmp_path, num_workers)
+@pytest.fixture(scope="module", params=[2, 3])
+def tfdist_run_fit(request, tmp_path_factory):
+    """multiworker_checks.py under `tfdist-run -np N`: (N, each worker's results)."""
+    out = tmp_path_factory.mktemp(f"tfdist{request.param}")
+    code, text, _ = launch(request.param, [CHECKS, out, "tfdist"], timeout=240)
+    assert code == 0, text
+    return request.param, read_worker_json(out, request.param)
+
+
+def test_fit_on_workers_ends_with_identical_weights(tfdist_run_fit):
+    num_workers, results = tfdist_run_fit
     for result in results:
         assert result["workers"] == num_workers
         per_replica = 24 // num_workers  # the global batch of 24 is split
@@ -34,6 +47,52 @@ def test_fit_on_workers_ends_with_identical_weights(tmp_path, num_workers):
         loss = result["fit"]["value"]["loss"]
         assert loss[-1] < 0.5 * loss[0], loss
     assert len({r["fit"]["value"]["sha"] for r in results}) == 1
+
+
+@pytest.fixture(scope="module")
+def slurm_conf(tmp_path_factory):
+    """A one-node Slurm cluster on this machine (tests/slurm/local_cluster.sh)."""
+    missing = [tool for tool in ("munged", "slurmctld", "slurmd", "srun")
+               if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"a local Slurm cluster needs root and {', '.join(missing) or 'Slurm'} "
+                    "(apt-get install slurm-wlm munge; .ci/run installs them)")
+    directory = tmp_path_factory.mktemp("slurm")
+    started = subprocess.run(["bash", SLURM, "start", directory], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield started.stdout.strip()
+    subprocess.run(["bash", SLURM, "stop", directory], timeout=60, check=False)
+
+
+@pytest.mark.parametrize("how", ["environment", "resolver"])
+def test_srun_fits_like_tfdist_run_without_a_tf_config(tfdist_run_fit, slurm_conf, tmp_path,
+                                                       how):
+    # `srun -n N python train.py`: each task derives TF_CONFIG from Slurm's environment
+    # (tfdist_ext/cluster_env/slurm.py), or the script passes TF's SlurmClusterResolver
+    # to the strategy, and the job trains as under tfdist-run.
+    num_workers, reference = tfdist_run_fit
+    if how == "resolver" and num_workers != 2:
+        pytest.skip("CI time: the resolver once, on 2 workers")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SLURM_CONF=slurm_conf,
+               TFDIST_SLURM="1" if how == "environment" else "0")
+    env.pop("TF_CONFIG", None)
+    mode = "tfdist" if how == "environment" else f"resolver:{random.randrange(20000, 29000)}"
+    result = subprocess.run(
+        ["srun", "-n", str(num_workers), "--kill-on-bad-exit=1", "--time=5",
+         sys.executable, CHECKS, tmp_path, mode],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=280, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    results = read_worker_json(tmp_path, num_workers)
+    workers = results[0]["tf_config"]["cluster"]["worker"]
+    ports = [int(address.rsplit(":", 1)[1]) for address in workers]
+    assert ports == list(range(ports[0], ports[0] + num_workers)) and 10000 <= ports[0] < 30000
+    assert [r["tf_config"]["task"]["index"] for r in results] == list(range(num_workers))
+    assert len({r["fit"]["value"]["sha"] for r in results}) == 1
+    for ours, theirs in zip(results, reference):
+        assert ours["reduce_nest"] == theirs["reduce_nest"]
+        np.testing.assert_allclose(ours["fit"]["value"]["loss"],
+                                   theirs["fit"]["value"]["loss"], rtol=1e-6)
 
 
 def test_mnist1d_example_reaches_85_percent_on_two_workers(tmp_path):

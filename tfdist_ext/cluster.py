@@ -109,6 +109,39 @@ def parse_tf_config(raw: Optional[str]) -> Optional[ClusterSpec]:
                        task_type=task_type, task_index=index)
 
 
+def tf_config_from_resolver(resolver) -> str:
+    """The TF_CONFIG text of a `tf.distribute.cluster_resolver.ClusterResolver`.
+
+    Any of TF's resolvers works (SlurmClusterResolver, TFConfigClusterResolver,
+    SimpleClusterResolver, a GCE or Kubernetes one): its cluster, task type and
+    task id become a TF_CONFIG, validated as if the environment had held it.
+
+    Raises:
+        ValueError: `resolver` is not a cluster resolver, or names no task of
+            its cluster; the message names the argument and the fix.
+    """
+    if not all(hasattr(resolver, name) for name in ("cluster_spec", "task_type", "task_id")):
+        raise ValueError(
+            f"Argument `cluster_resolver` must be a tf.distribute.cluster_resolver."
+            f"ClusterResolver (with cluster_spec(), task_type and task_id). Received: "
+            f"{resolver!r}. Pass e.g. tf.distribute.cluster_resolver.SlurmClusterResolver(), "
+            "or leave it out to read TF_CONFIG.")
+    jobs = {job: [addresses[i] for i in sorted(addresses)] if isinstance(addresses, dict)
+            else list(addresses)
+            for job, addresses in resolver.cluster_spec().as_dict().items()}
+    text = json.dumps({"cluster": jobs,
+                       "task": {"type": resolver.task_type, "index": resolver.task_id}})
+    try:
+        parse_tf_config(text)
+    except ValueError as err:
+        raise ValueError(f"Argument `cluster_resolver` ({type(resolver).__name__}) does not "
+                         f"describe this task: {err}") from None
+    if not jobs:
+        raise ValueError(f"Argument `cluster_resolver` ({type(resolver).__name__}) has an "
+                         "empty cluster; leave it out to train on local devices.")
+    return text
+
+
 def cluster_from_env() -> Optional[ClusterSpec]:
     """The validated TF_CONFIG of this process, or None."""
     return parse_tf_config(os.environ.get(TF_CONFIG))

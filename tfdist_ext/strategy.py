@@ -18,6 +18,7 @@ nest of per-replica values, and `reduce(..., axis=0)` on per-replica scalars.
 import contextlib
 import itertools
 import logging
+import os
 from typing import Optional
 
 import numpy as np
@@ -147,6 +148,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             to join before it is killed (SIGKILL) with a message naming the
             workers that did not answer; 0 waits forever. Defaults to 600.
             Raise it when a scheduler starts a job's workers far apart.
+        cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`
+            (e.g. `SlurmClusterResolver()`) to take the cluster from instead
+            of TF_CONFIG; it becomes this process's TF_CONFIG, so everything
+            that reads TF_CONFIG agrees. Create the strategy before any
+            TensorFlow op. Not needed under `srun` or in a Kubernetes Indexed
+            Job: `import tfdist_ext` derives TF_CONFIG there
+            (`tfdist_ext.cluster_env`).
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the
@@ -157,9 +165,12 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
-                 startup_timeout: float = startup.DEFAULT_SECONDS):
+                 startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
+        if cluster_resolver is not None:
+            os.environ[cluster.TF_CONFIG] = cluster.tf_config_from_resolver(cluster_resolver)
+            early.prepare()
         spec = cluster.cluster_from_env()
         devices = cluster.replica_devices(num_replicas, spec)
         resolver = roles.serve_or_resolver(spec, config.sync)

@@ -1,11 +1,12 @@
-"""Worker program for tests/test_multiworker.py (run under tfdist-run).
+"""Worker program for tests/test_multiworker.py (run under tfdist-run or srun).
 
-    python multiworker_checks.py OUT_DIR tfdist|stock
+    python multiworker_checks.py OUT_DIR tfdist|stock|resolver:PORT
 
 Exercises the two Keras 3.15 multi-worker `fit` bugs (keras-team/keras#20585)
 directly and through `fit`, and writes what happened to OUT_DIR/w<index>.json.
 With `stock` the strategy is TF's MultiWorkerMirroredStrategy, and each failure
-is recorded instead of raised.
+is recorded instead of raised. With `resolver:PORT` (under srun) the strategy takes its
+cluster from TF's SlurmClusterResolver with ports from PORT.
 """
 
 import hashlib
@@ -28,10 +29,19 @@ def attempt(results, name, fn):
 
 
 def main(out_dir, mode):
-    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if mode == "stock"
-                else tfdist_ext.Strategy())
+    if mode == "stock":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    elif mode.startswith("resolver:"):  # TF's Slurm resolver, its ports from PORT
+        strategy = tfdist_ext.Strategy(
+            cluster_resolver=tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=int(mode.split(":")[1]), gpus_per_node=8, gpus_per_task=1,
+                auto_set_gpu=False))  # on CPU: TF divides by gpus_per_task
+        mode = "tfdist"
+    else:
+        strategy = tfdist_ext.Strategy()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    results = {"mode": mode, "workers": strategy.num_replicas_in_sync}
+    results = {"mode": mode, "workers": strategy.num_replicas_in_sync,
+               "tf_config": json.loads(os.environ["TF_CONFIG"])}
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(240, 5)).astype("float32")

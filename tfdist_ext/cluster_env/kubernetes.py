@@ -10,19 +10,15 @@ what Kubernetes does not put in the environment:
 * ``TFDIST_SERVICE``: the headless Service (the pods' ``subdomain``);
 * ``TFDIST_PORT`` (optional, default 12345): the port each worker listens on.
 
-`import tfdist_ext` calls `apply`: when TF_CONFIG is not set and those are,
-it sets TF_CONFIG for this process (worker ``JOB_COMPLETION_INDEX`` of
-``TFDIST_WORKERS``), and everything that reads TF_CONFIG works as with
-`tfdist-run`. A TF_CONFIG that is already set always wins. The manifest:
+`tfdist_ext.cluster_env.apply` (called by `import tfdist_ext`) sets TF_CONFIG
+for this process from them (worker ``JOB_COMPLETION_INDEX`` of
+``TFDIST_WORKERS``) when TF_CONFIG is not set. The manifest:
 docs/guide/multi-worker.md#kubernetes.
 """
 
 import json
-import logging
-import os
 from typing import Mapping, Optional
 
-log = logging.getLogger("tfdist_ext")
 WORKERS, SERVICE, PORT = "TFDIST_WORKERS", "TFDIST_SERVICE", "TFDIST_PORT"
 INDEX = "JOB_COMPLETION_INDEX"
 DEFAULT_PORT = 12345
@@ -74,18 +70,3 @@ def kubernetes_tf_config(env: Mapping[str, str]) -> Optional[str]:
     return json.dumps({"cluster": {"worker": addresses},
                        "task": {"type": "worker", "index": index}})
 
-
-def apply(environ=os.environ) -> bool:
-    """Sets TF_CONFIG from a Kubernetes Indexed Job's environment if it is unset.
-
-    Returns:
-        Whether TF_CONFIG was set.
-    """
-    if environ.get("TF_CONFIG"):
-        return False
-    config = kubernetes_tf_config(environ)
-    if config is None:
-        return False
-    environ["TF_CONFIG"] = config
-    log.info("tfdist_ext: TF_CONFIG from the Kubernetes Indexed Job: %s", config)
-    return True
