@@ -24,6 +24,7 @@ from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resol
 from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tensorflow.python.data.ops import multi_device_iterator_ops
 from tensorflow.python.eager import context
+from tensorflow.python.framework import errors_impl
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
@@ -183,6 +184,23 @@ def coordination_service_kv():
     """(set, get) functions of the coordination service's key-value store."""
     ctx = context.context()
     return ctx.set_config_key_value, ctx.get_config_key_value
+
+
+def coordination_key_value(key, timeout_in_ms):
+    """The value of `key` in the coordination service's store; raises when absent
+    after `timeout_in_ms` (or when the service is unreachable)."""
+    return context.context().get_config_key_value(key, timeout_in_ms=timeout_in_ms)
+
+
+def check_peer_health(task, timeout_in_ms):
+    """Raises (UnavailableError, DeadlineExceededError, ...) unless the TF server of
+    `task` ("/job:worker/replica:0/task:1") answers within `timeout_in_ms`."""
+    context.context().check_collective_ops_peer_health(task, timeout_in_ms=timeout_in_ms)
+
+
+def abort_collective_ops(message):
+    """Fails this process's TF collective ops, now and later, with UNAVAILABLE `message`."""
+    context.context().abort_collective_ops(errors_impl.UNAVAILABLE, message)
 
 
 def distributed_update_step(optimizer):

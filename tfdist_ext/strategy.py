@@ -24,8 +24,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, cluster, compression, coordination, early, startup
-from tfdist_ext.collectives import calibration, choice
+from tfdist_ext import _compat, cluster, compression, coordination, early, liveness, startup
+from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
@@ -204,6 +204,14 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
+        if spec is not None:
+            liveness.watch(spec, self._abort_collectives)
+
+    def _abort_collectives(self, reason):
+        """Fails this worker's collectives on both engines (a peer is dead)."""
+        _compat.abort_collective_ops(reason)
+        if self._cross_ops.engines.engine == "ucx":
+            ucx_engine.abort(reason)
 
     @property
     def _cross_ops(self):

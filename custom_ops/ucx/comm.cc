@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "tsl/profiler/lib/traceme.h"
+#include "ucx/abort.h"
 #include "ucx/handles.h"
 #include "ucx/host_group.h"
 #include "ucx/local_group.h"
@@ -167,6 +168,7 @@ void Comm::Loop() {
     }
     std::string error = error_;
     std::shared_ptr<void> result = job.keep_alive;
+    if (error.empty() && Aborted(&error)) retired_on_error_.push_back(job);
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
       if (job.host_sum)
@@ -362,6 +364,8 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
         out << " (the ranks disagree on the tensor size)";
       return out.str();
     }
+    std::string reason;
+    if (Aborted(&reason)) return reason;
     auto now = Clock::now();
     if (outstanding != last_outstanding) {
       last_outstanding = outstanding;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "ucx/abort.h"
 #include "ucx/handles.h"
 #include "ucx/worker.h"
 
@@ -198,7 +199,7 @@ std::string Mailbox::WaitFor(const std::function<bool()>& done, int watch, const
     AcceptPending();
     if (done()) break;
     std::string problem = PeerProblem(watch);
-    if (!problem.empty()) return problem;
+    if (!problem.empty() || Aborted(&problem)) return problem;
     auto now = Clock::now();
     if (events != 0) {
       last_event = now;

@@ -9,6 +9,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "ucx/abort.h"
 #include "ucx/comm.h"
 #include "ucx/local_group.h"
 #include "ucx/schedule_kernel.h"
@@ -104,6 +105,15 @@ REGISTER_OP("TfdistUcxUseHost")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Allows (or refuses) `host_sum` all-reduces once every rank joined.");
+
+REGISTER_OP("TfdistUcxAbort")
+    .Input("reason: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Fails every wait of this process's UCX communicators, now and later, with
+`reason` (the first reason given stays): a peer was found dead.
+)doc");
 
 class CreateOp : public OpKernel {
  public:
@@ -212,6 +222,14 @@ class UseHostOp : public OpKernel {
   }
 };
 
+class AbortOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    Abort(std::string(ctx->input(0).scalar<tensorflow::tstring>()()));
+  }
+};
+
 class DestroyOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -255,6 +273,7 @@ REGISTER_KERNEL_BUILDER(Name("TfdistUcxHostIdentity").Device(tensorflow::DEVICE_
                         HostIdentityOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxJoinHost").Device(tensorflow::DEVICE_CPU), JoinHostOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxUseHost").Device(tensorflow::DEVICE_CPU), UseHostOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxAbort").Device(tensorflow::DEVICE_CPU), AbortOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxDestroy").Device(tensorflow::DEVICE_CPU), DestroyOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxRun").Device(tensorflow::DEVICE_CPU), RunOp);
 

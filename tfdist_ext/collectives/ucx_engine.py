@@ -92,6 +92,13 @@ def encode(schedule: Schedule) -> list:
     return flat
 
 
+def abort(reason: str):
+    """Fails every UCX collective of this process, now and later, with `reason`
+    (`tfdist_ext.liveness` calls it when a peer is dead)."""
+    with tf.device("/cpu:0"):
+        ucx_ops.load().tfdist_ucx_abort(reason)
+
+
 def engine_for(name, devices, world_size, first_rank, **options):
     """The process's `UcxEngine` called `name`, created (and wired up) on first use."""
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"

@@ -1,7 +1,9 @@
-"""Worker program for tests/collectives/test_ucx_failures.py: a long UCX-engine fit.
+"""Worker program for tests/collectives/test_peer_failures.py: a long fit.
 
-    python ucx_fit.py EPOCHS [TIMEOUT_SECONDS [SIGNAL STAMP_FILE]]
+    python long_fit.py EPOCHS ENGINE [TIMEOUT_SECONDS [SIGNAL STAMP_FILE]]
 
+ENGINE is "ucx" (the ring, with a progress timeout of TIMEOUT_SECONDS) or "tf"
+(TF's own all-reduce).
 Prints "epoch N done" after each epoch (flushed), so the test knows the
 collectives are running before it stops a worker. With SIGNAL ("kill" or
 "stop"), worker 1 writes the time to STAMP_FILE after its second epoch and
@@ -35,9 +37,10 @@ class Progress(keras.callbacks.Callback):
             os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[self.sig])
 
 
-def main(epochs, timeout_seconds="30", sig=None, stamp=None):
+def main(epochs, engine, timeout_seconds="30", sig=None, stamp=None):
     strategy = tfdist_ext.Strategy(
-        engine="ucx", allreduce={"name": "ring", "timeout_seconds": float(timeout_seconds)})
+        engine=engine, allreduce="native" if engine == "tf" else {
+            "name": "ring", "timeout_seconds": float(timeout_seconds)})
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 8)).astype("float32")
     y = (x @ rng.normal(size=(8, 1))).astype("float32")

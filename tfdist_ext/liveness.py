@@ -1,0 +1,185 @@
+"""A worker stops within seconds when a peer dies or freezes, naming the peer.
+
+Without a launcher (plain TF_CONFIG processes on real hosts) nothing tells a
+worker that a peer was killed or stopped: its collective waits until the
+engine's progress timeout. Here every worker of a multi-worker job runs a
+watcher thread that asks each other worker's TensorFlow server for its health
+(TF's CheckPeerHealth RPC, the one MultiWorkerMirroredStrategy uses) every
+`INTERVAL_SECONDS`. A peer that fails `MISSES` checks in a row (refused at
+once when its process died; no answer within the timeout when it is stopped,
+its host hung or the network broke) is dead: the watcher fails this worker's
+collectives on both engines (TF's `abort_collective_ops`, the UCX engine's
+abort op) with an error naming it, so the step in progress raises and the
+script exits. A killed peer is found within about 1 s, a stopped one within
+`MISSES * (INTERVAL_SECONDS + timeout)` (5 s by default); a script that then
+ends with that error exits at once, skipping TF's slow teardown.
+
+A worker that ends (normally, or with an error of its own) first writes so
+into the coordination service's key-value store; its peers then stop watching
+it, or name its error.
+
+Tuning: ``TFDIST_PEER_TIMEOUT`` (seconds, default 2) bounds each health check;
+raise it on congested or very slow links, where a check can queue behind
+gradient traffic. ``TFDIST_PEER_TIMEOUT=0`` turns the watcher off (the
+engines' own timeouts still apply).
+"""
+
+import atexit
+import logging
+import os
+import sys
+import threading
+from typing import Callable, List, Optional
+
+from tfdist_ext import _compat
+
+log = logging.getLogger("tfdist_ext")
+TIMEOUT_VARIABLE = "TFDIST_PEER_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 2.0
+INTERVAL_SECONDS = 0.5
+MISSES = 2
+_KEY = "tfdist_ext/liveness/exit/{task}"
+_watcher: Optional["Watcher"] = None
+
+
+def timeout_from_env(environ=os.environ) -> float:
+    """The health check timeout in seconds (0: no watcher).
+
+    Raises:
+        ValueError: the variable is not a number >= 0; the message names it.
+    """
+    text = environ.get(TIMEOUT_VARIABLE, "")
+    if not text:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"Environment variable {TIMEOUT_VARIABLE}={text!r} must be a number "
+                         f"of seconds >= 0 (default {DEFAULT_TIMEOUT_SECONDS:g}; 0 turns the "
+                         "dead-peer watcher off).")
+    return value
+
+
+def task_name(job: str, index: int) -> str:
+    return f"/job:{job}/replica:0/task:{index}"
+
+
+class Watcher:
+    """Checks the health of `peers` from a daemon thread until `stop`.
+
+    Args:
+        me: This worker's task name ("/job:worker/replica:0/task:0").
+        peers: (task name, "host:port") of every other worker.
+        timeout: Seconds each health check may take.
+    """
+
+    def __init__(self, me: str, peers, timeout: float):
+        self.me, self.timeout = me, timeout
+        self.peers = dict(peers)
+        self.aborts: List[Callable[[str], None]] = []
+        self.reason: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tfdist-liveness", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+
+    def _run(self):
+        misses = {task: 0 for task in self.peers}
+        while not self._stop.wait(INTERVAL_SECONDS):
+            for task in list(self.peers):
+                if self._stop.is_set():
+                    return
+                problem = self._check(task)
+                if problem is None:
+                    misses[task] = 0
+                    continue
+                ended = _ended(task)
+                if ended == "done":  # it finished its script; nothing to watch
+                    del self.peers[task]
+                    continue
+                misses[task] += 1
+                if ended is not None or misses[task] >= MISSES:
+                    self._fail(task, problem if ended is None else ended)
+                    return
+
+    def _check(self, task) -> Optional[str]:
+        try:
+            _compat.check_peer_health(task, int(self.timeout * 1000))
+            return None
+        except Exception as err:  # pylint: disable=broad-except  (any failure is a miss)
+            text = " ".join(str(getattr(err, "message", err)).split())
+            if "Deadline" in type(err).__name__ or "deadline" in text.lower():
+                return (f"no answer to {MISSES} health checks of {self.timeout:g} s "
+                        "(stopped, hung or unreachable)")
+            return f"its server is gone ({type(err).__name__}: {text[:200]})"
+
+    def _fail(self, task, problem):
+        self.reason = (f"tfdist_ext: peer {task} ({self.peers[task]}) failed: {problem}. "
+                       f"Stopping {self.me}'s collectives.")
+        log.error("%s", self.reason)
+        for abort in self.aborts:
+            try:
+                abort(self.reason)
+            except Exception as err:  # pylint: disable=broad-except
+                log.warning("tfdist_ext: aborting collectives failed: %s", err)
+
+
+def _ended(task) -> Optional[str]:
+    """What `task` wrote when it ended ("done" or "failed: ..."), or None."""
+    try:
+        return _compat.coordination_key_value(_KEY.format(task=task), timeout_in_ms=100)
+    except Exception:  # pylint: disable=broad-except  (absent, or the service is gone)
+        return None
+
+
+def _announce_exit(watcher: Watcher):
+    """At exit: tells the peers how this worker ended; after a dead peer, exits at once."""
+    watcher.stop()
+    error = getattr(sys, "last_value", None)
+    if watcher.reason is None:
+        state = "done" if error is None else f"failed: {type(error).__name__}: {error}"[:500]
+        try:
+            _compat.coordination_service_kv()[0](_KEY.format(task=watcher.me), state)
+        except Exception:  # pylint: disable=broad-except  (the service may be gone already)
+            pass
+    elif error is not None:
+        # The script ended with an uncaught error after a peer died: its handlers and
+        # `finally` blocks have run. TF's teardown (input pipelines, the coordination
+        # service's shutdown with a dead peer) takes seconds more; skip it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # pylint: disable=protected-access
+
+
+def watch(spec, abort: Callable[[str], None]) -> Optional[Watcher]:
+    """Starts (once per process) watching the other workers of `spec`; adds `abort`.
+
+    Args:
+        spec: The job's `cluster.ClusterSpec` (parameter servers are not watched).
+        abort: Called with the reason when a peer is found dead.
+
+    Returns:
+        The process's watcher, or None with fewer than 2 workers or
+        ``TFDIST_PEER_TIMEOUT=0``.
+    """
+    global _watcher  # pylint: disable=global-statement
+    if _watcher is None:
+        timeout = timeout_from_env()
+        jobs = spec.without_servers().jobs
+        if timeout == 0 or sum(len(a) for a in jobs.values()) < 2:
+            return None
+        me = task_name(spec.task_type, spec.task_index)
+        peers = [(task_name(job, i), address) for job, addresses in jobs.items()
+                 for i, address in enumerate(addresses) if task_name(job, i) != me]
+        _watcher = Watcher(me, peers, timeout)
+        atexit.register(_announce_exit, _watcher)
+        _watcher.start()
+    _watcher.aborts.append(abort)
+    return _watcher
