@@ -14,9 +14,9 @@ script exits. A killed peer is found within about 1 s, a stopped one within
 `MISSES * (INTERVAL_SECONDS + timeout)` (5 s by default); a script that then
 ends with that error exits at once, skipping TF's slow teardown.
 
-A worker that ends (normally, or with an error of its own) first writes so
-into the coordination service's key-value store; its peers then stop watching
-it, or name its error.
+A worker that ends first writes so into the coordination service's key-value
+store: normally, and its peers stop watching it; with an error of its own, and
+its peers stop at once naming that error (the store is read every round).
 
 Tuning: ``TFDIST_PEER_TIMEOUT`` (seconds, default 2) bounds each health check;
 raise it on congested or very slow links, where a check can queue behind
@@ -38,7 +38,8 @@ TIMEOUT_VARIABLE = "TFDIST_PEER_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 2.0
 INTERVAL_SECONDS = 0.5
 MISSES = 2
-_KEY = "tfdist_ext/liveness/exit/{task}"
+_DONE_KEY = "tfdist_ext/liveness/done/{task}"
+_FAILED_KEY = "tfdist_ext/liveness/failed"
 _watcher: Optional["Watcher"] = None
 
 
@@ -92,21 +93,24 @@ class Watcher:
     def _run(self):
         misses = {task: 0 for task in self.peers}
         while not self._stop.wait(INTERVAL_SECONDS):
+            failed = _stored(_FAILED_KEY, timeout_in_ms=1)  # "<task> <its error>"
+            if failed is not None and failed.split(" ", 1)[0] in self.peers:
+                task, error = failed.split(" ", 1)
+                self._fail(task, f"its script ended with {error}")
+                return
             for task in list(self.peers):
                 if self._stop.is_set():
                     return
                 problem = self._check(task)
                 if problem is None:
                     misses[task] = 0
-                    continue
-                ended = _ended(task)
-                if ended == "done":  # it finished its script; nothing to watch
-                    del self.peers[task]
-                    continue
-                misses[task] += 1
-                if ended is not None or misses[task] >= MISSES:
-                    self._fail(task, problem if ended is None else ended)
-                    return
+                elif _stored(_DONE_KEY.format(task=task), timeout_in_ms=100) is not None:
+                    del self.peers[task]  # it finished its script: nothing to watch
+                else:
+                    misses[task] += 1
+                    if misses[task] >= MISSES:
+                        self._fail(task, problem)
+                        return
 
     def _check(self, task) -> Optional[str]:
         try:
@@ -130,11 +134,11 @@ class Watcher:
                 log.warning("tfdist_ext: aborting collectives failed: %s", err)
 
 
-def _ended(task) -> Optional[str]:
-    """What `task` wrote when it ended ("done" or "failed: ..."), or None."""
+def _stored(key, timeout_in_ms) -> Optional[str]:
+    """The coordination store's value of `key`, or None (absent, or the service is gone)."""
     try:
-        return _compat.coordination_key_value(_KEY.format(task=task), timeout_in_ms=100)
-    except Exception:  # pylint: disable=broad-except  (absent, or the service is gone)
+        return _compat.coordination_key_value(key, timeout_in_ms=timeout_in_ms)
+    except Exception:  # pylint: disable=broad-except
         return None
 
 
@@ -143,10 +147,12 @@ def _announce_exit(watcher: Watcher):
     watcher.stop()
     error = getattr(sys, "last_value", None)
     if watcher.reason is None:
-        state = "done" if error is None else f"failed: {type(error).__name__}: {error}"[:500]
+        key, value = _DONE_KEY.format(task=watcher.me), "done"
+        if error is not None:  # the first failing worker's error, for every peer to name
+            key, value = _FAILED_KEY, f"{watcher.me} {type(error).__name__}: {error}"[:500]
         try:
-            _compat.coordination_service_kv()[0](_KEY.format(task=watcher.me), state)
-        except Exception:  # pylint: disable=broad-except  (the service may be gone already)
+            _compat.coordination_service_kv()[0](key, value)
+        except Exception:  # pylint: disable=broad-except  (set already, or the service is gone)
             pass
     elif error is not None:
         # The script ended with an uncaught error after a peer died: its handlers and

@@ -74,14 +74,28 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig, engine):
 
 
 @NO_UCX
-@pytest.mark.parametrize("sig", ["kill", "stop"])
-def test_launcher_job_fails_in_bounded_time_naming_the_peer(tmp_path, sig):
+@pytest.mark.parametrize("how", ["launcher", "plain"])
+def test_a_failing_peer_stops_the_job_naming_it(tmp_path, how):
+    # Under tfdist-run worker 1 is SIGKILLed and the launcher stops the job; as plain
+    # processes worker 1's script raises, and worker 0 names its error.
     stamp = tmp_path / "signalled"
-    code, out, _ = launch(2, [WORKER, 100000, "ucx", 30, sig, stamp], timeout=240)
+    if how == "launcher":
+        code, out, _ = launch(2, [WORKER, 100000, "ucx", 30, "kill", stamp], timeout=240)
+    else:
+        configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(2)])
+        procs = [subprocess.Popen(
+            [sys.executable, str(WORKER), "100000", "ucx", "30", "raise", str(stamp)],
+            env=dict(os.environ, TF_CONFIG=configs[i], PYTHONPATH=str(ROOT)), cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        outs = [proc.communicate(timeout=240)[0] for proc in procs]
+        code, out = procs[0].returncode, outs[0]
+        assert "RuntimeError: worker 1 gives up" in outs[1], outs[1][-3000:]
     took = time.time() - float(stamp.read_text())
     assert code != 0, out[-3000:]
     assert took < LIMIT_SECONDS, (took, out[-3000:])
-    if sig == "stop":  # worker 0 itself found the frozen peer
-        assert "peer /job:worker/replica:0/task:1" in out, out[-3000:]
-    else:  # the launcher saw worker 1 die and names it
+    if how == "launcher":  # the launcher saw worker 1 die and names it
         assert "worker 1" in out, out[-3000:]
+    else:
+        assert ("peer /job:worker/replica:0/task:1 (127.0.0.1:" in out
+                and "failed: its script ended with RuntimeError: worker 1 gives up" in out), \
+            out[-3000:]

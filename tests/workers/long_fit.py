@@ -5,9 +5,9 @@
 ENGINE is "ucx" (the ring, with a progress timeout of TIMEOUT_SECONDS) or "tf"
 (TF's own all-reduce).
 Prints "epoch N done" after each epoch (flushed), so the test knows the
-collectives are running before it stops a worker. With SIGNAL ("kill" or
-"stop"), worker 1 writes the time to STAMP_FILE after its second epoch and
-sends itself that signal (for runs under the launcher).
+collectives are running before it stops a worker. With SIGNAL ("kill",
+"stop" or "raise"), worker 1 writes the time to STAMP_FILE after its second
+epoch and sends itself that signal (or raises RuntimeError).
 """
 
 import json
@@ -34,6 +34,8 @@ class Progress(keras.callbacks.Callback):
         if self.sig and index == 1 and epoch == 1:
             with open(self.stamp, "w", encoding="utf-8") as f:
                 f.write(repr(time.time()))
+            if self.sig == "raise":
+                raise RuntimeError("worker 1 gives up")
             os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[self.sig])
 
 

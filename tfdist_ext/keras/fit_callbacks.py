@@ -11,7 +11,9 @@ list. Which ones depends on the strategy's configuration:
   `DrainPoints` around a `sync.runner.BufferAverager`;
 * `adaptive.AdaptiveCompression` for ``compression="adaptive"``;
 * `backward_profile.BackwardProfile` for bucketing planners that use backward
-  times, while they are being profiled or tuned.
+  times, while they are being profiled or tuned;
+* `job_profile.JobProfile` when ``TFDIST_PROFILE_DIR`` asks for a profile of
+  every worker (`tfdist-run --profile`), until one is written.
 
 Stateful callbacks are made once per strategy and kept here (`kept`), so
 every `fit` of the strategy shares them.
@@ -22,7 +24,7 @@ import weakref
 import keras
 
 from tfdist_ext import compression
-from tfdist_ext.keras import backward_profile, divergence, optimizer_check
+from tfdist_ext.keras import backward_profile, divergence, job_profile, optimizer_check
 from tfdist_ext.sync.runner import BufferAverager
 
 _kept = weakref.WeakKeyDictionary()  # strategy -> {name: callback or state}
@@ -65,6 +67,9 @@ def fit_callbacks(strategy) -> list:
         if (strategy.extended.cross_device_ops.needs_backward_profile()
                 or tuner.phase == "trial"):
             callbacks.append(tuner)
+    profile = job_profile.from_env(strategy)
+    if profile is not None:
+        callbacks.append(profile)
     return callbacks
 
 

@@ -9,13 +9,14 @@ Examples:
 """
 
 import argparse
+import os
 import re
 import signal
 import socket
 import sys
 
 from tfdist_ext import early
-from tfdist_ext.launch import linkspec, netbed, output
+from tfdist_ext.launch import linkspec, netbed, output, profiling
 from tfdist_ext.launch.launcher import Launcher
 
 
@@ -119,6 +120,14 @@ def _run_shaped(args, command, launcher, layout) -> int:
             signal.signal(sig, handler)
 
 
+def _profile_steps(value):
+    try:
+        profiling.parse_steps(value, name="--profile-steps")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def _output_mode(value):
     try:
         return output.check_mode(value)
@@ -181,6 +190,15 @@ def build_parser():
                         help="with --link-bandwidth or --link-latency: measure the round "
                              "trip and TCP throughput from worker 0 to worker 1 before "
                              "running the command (which may be omitted)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile training steps of every worker with TF's profiler "
+                             "into the TensorBoard log directory DIR (one session of the "
+                             "Profile tab, a host per worker; see --profile-steps)")
+    parser.add_argument("--profile-steps", type=_profile_steps, default=None,
+                        metavar="A-B",
+                        help="with --profile: the training steps to trace, counted from 0 "
+                             f"across epochs (default {profiling.DEFAULT_STEPS[0]}-"
+                             f"{profiling.DEFAULT_STEPS[1]})")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments")
     return parser
@@ -221,6 +239,12 @@ def main(argv=None) -> int:
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
         parser.error("argument --check: needs --link-bandwidth, --link-latency or "
                      "-H HxW, and two workers on different hosts")
+    if args.profile_steps is not None and args.profile is None:
+        parser.error("argument --profile-steps: needs --profile DIR")
+    if args.profile is not None:  # the workers inherit the launcher's environment
+        os.environ[profiling.DIR] = os.path.abspath(args.profile)
+        if args.profile_steps is not None:
+            os.environ[profiling.STEPS] = args.profile_steps
     if not command and not args.check:
         parser.error("no command given; e.g. `tfdist-run -np 2 python train.py`")
     if shaped:
