@@ -64,6 +64,7 @@ def test_warmup_benchmark_tiny(tmp_path):
     out = tmp_path / "w.json"
     stdout = _run("warmup.py", "--replicas", "2", "--seeds", "0", "--epochs", "2", "--k", "4",
                   "--configs", "large_scaled,large_scaled_warmup", "--warmup-epochs", "1",
+                  "--train-samples", "1024",
                   "--json", str(out), "--png", str(tmp_path / "w.png"))
     assert "large_scaled_warmup" in stdout
     data = json.loads(out.read_text())
