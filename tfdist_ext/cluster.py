@@ -136,9 +136,6 @@ def tf_config_from_resolver(resolver) -> str:
     except ValueError as err:
         raise ValueError(f"Argument `cluster_resolver` ({type(resolver).__name__}) does not "
                          f"describe this task: {err}") from None
-    if not jobs:
-        raise ValueError(f"Argument `cluster_resolver` ({type(resolver).__name__}) has an "
-                         "empty cluster; leave it out to train on local devices.")
     return text
 
 

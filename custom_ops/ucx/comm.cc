@@ -168,7 +168,7 @@ void Comm::Loop() {
     }
     std::string error = error_;
     std::shared_ptr<void> result = job.keep_alive;
-    if (error.empty() && Aborted(&error)) retired_on_error_.push_back(job);
+    if (error.empty()) Aborted(&error);  // a job not started yet: nothing to retain
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
       if (job.host_sum)

@@ -26,9 +26,10 @@ NO_UCX = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine no
 ENGINES = [pytest.param("ucx", marks=NO_UCX), "tf"]
 
 
-def _start(configs, index, log, engine):
+def _start(configs, index, log, engine, *args):
+    """Worker `index` of long_fit.py (`args` after its engine), its output to `log`."""
     env = dict(os.environ, TF_CONFIG=configs[index], PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, str(WORKER), "100000", engine],
+    return subprocess.Popen([sys.executable, str(WORKER), "100000", engine, *map(str, args)],
                             env=env, cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT)
 
@@ -83,13 +84,15 @@ def test_a_failing_peer_stops_the_job_naming_it(tmp_path, how):
         code, out, _ = launch(2, [WORKER, 100000, "ucx", 30, "kill", stamp], timeout=240)
     else:
         configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(2)])
-        procs = [subprocess.Popen(
-            [sys.executable, str(WORKER), "100000", "ucx", "30", "raise", str(stamp)],
-            env=dict(os.environ, TF_CONFIG=configs[i], PYTHONPATH=str(ROOT)), cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-        outs = [proc.communicate(timeout=240)[0] for proc in procs]
-        code, out = procs[0].returncode, outs[0]
-        assert "RuntimeError: worker 1 gives up" in outs[1], outs[1][-3000:]
+        logs = [tmp_path / f"w{i}.log" for i in range(2)]
+        with open(logs[0], "w", encoding="utf-8") as first, \
+                open(logs[1], "w", encoding="utf-8") as second:
+            procs = [_start(configs, i, log, "ucx", 30, "raise", stamp)
+                     for i, log in enumerate((first, second))]
+            code = procs[0].wait(timeout=240)
+            procs[1].wait(timeout=240)
+        out, other = (log.read_text(errors="replace") for log in logs)
+        assert "RuntimeError: worker 1 gives up" in other, other[-3000:]
     took = time.time() - float(stamp.read_text())
     assert code != 0, out[-3000:]
     assert took < LIMIT_SECONDS, (took, out[-3000:])
