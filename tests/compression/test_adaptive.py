@@ -107,6 +107,10 @@ def test_choose_prefers_the_fastest_allowed_and_less_compression_in_a_tie():
     assert adaptive.choose(seconds, errors, max_error=0.6, tolerance=0.05) == [1, 0, 0]
     # Nothing allowed: the least erroneous candidate.
     assert adaptive.choose([[1.0], [0.1]], [[0.5], [0.9]], max_error=0.1, tolerance=0) == [0]
+    # The lag bound removes candidates whose residual holds back more than max_lag steps.
+    lags = [[0.0, 0.0, 0.0], [0.6, 0.6, 0.6], [4.2, 1.0, 2.5]]
+    assert adaptive.choose(seconds, errors, 0.95, 0.05, lags, max_lag=2.0) == [1, 0, 0]
+    assert adaptive.choose(seconds, errors, 0.95, 0.05, lags, max_lag=5.0) == [2, 0, 2]
     assert adaptive.drifted([1.0, 1.5, 1.4], 1.0, 0.3)
     assert not adaptive.drifted([1.0, 1.1, 1.2], 1.0, 0.3)
     assert adaptive.drifted([0.5, 0.6, 0.6], 1.0, 0.3)
@@ -144,6 +148,10 @@ def test_fit_probes_decides_and_logs(tmp_path, caplog):
     (bucket,) = first["buckets"]
     assert bucket["errors"][0] == 0 and 0 < bucket["errors"][1] < 0.01
     assert all(0.1 < e < 1 for e in bucket["errors"][2:])
+    # Lags: none and bf16 hold nothing back; top-k 1%'s residual grows past PowerSGD's.
+    assert bucket["lags"][0] == 0 and bucket["lags"][1] < 0.01
+    assert 0 < bucket["lags"][2] < bucket["lags"][4] and bucket["lags"][3] < bucket["lags"][4]
+    assert "lag=" in caplog.text
     assert all(s > 0 for s in bucket["seconds"])
     chosen = first["candidates"].index(bucket["choice"])
     for variable in strategy.state.buffers_ending("_adaptive_choice").values():
@@ -154,6 +162,17 @@ def test_fit_probes_decides_and_logs(tmp_path, caplog):
     assert "adaptive compression at step 18 (start)" in caplog.text
     events = list(log_dir.rglob("events.out.tfevents*"))
     assert events and b"tfdist/compression_decisions" in events[0].read_bytes()
+
+
+def test_lag_bound_excludes_a_residual_that_keeps_growing():
+    # Default probe: 6 steps per candidate; top-k 1% holds back more than 2 steps of gradient
+    # by the end of its probe, PowerSGD settles below that.
+    strategy, _ = small_fit("adaptive", epochs=2)
+    (decision,) = strategy.compression_decisions
+    (bucket,) = decision["buckets"]
+    lags = dict(zip(decision["candidates"], bucket["lags"]))
+    assert lags["topk"] > Adaptive().max_lag > max(lags["powersgd"], lags["powersgd(rank=4)"])
+    assert bucket["choice"] != "topk"
 
 
 def test_error_bound_keeps_to_lossless_candidates():
@@ -169,6 +188,7 @@ def test_error_bound_keeps_to_lossless_candidates():
     ({"candidates": [{"name": "topk", "momentum": 0.9}]}, "DGC momentum correction"),
     ({"candidates": ["bogus"]}, "bogus"),
     ({"max_error": 0}, "`max_error` of Adaptive must be a finite number > 0; received 0"),
+    ({"max_lag": float("inf")}, "`max_lag` of Adaptive must be a finite number > 0; received inf"),
     ({"drift": -1}, "`drift` of Adaptive must be a finite number > 0"),
     ({"tolerance": float("nan")}, "`tolerance` of Adaptive must be a finite number >= 0"),
     ({"probe_steps": 0}, "`probe_steps` of Adaptive must be an integer >= 1; received 0"),

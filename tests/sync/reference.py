@@ -92,9 +92,11 @@ def delayed_averaging_compressed(w0, rows, steps, num, lr, delay, send, total=No
     return history, np.mean(ws, axis=0)
 
 
-def stale_synchronous(w0, rows, steps, num, lr, staleness):
-    """SSP: own gradient at once, the others' of step t at step t + s (1/N each)."""
+def stale_synchronous(w0, rows, steps, num, lr, staleness, momentum=0.0):
+    """SSP: own gradient at once, the others' of step t at step t + s (1/N each), applied
+    with SGD of `momentum` (Keras' form: v = m v - lr u, w += v); the drain is plain SGD."""
     ws = [w0.copy() for _ in range(num)]
+    velocities = [np.zeros_like(w0) for _ in range(num)]
     grads, history = [], []
     for t in range(steps):
         grads.append([gradient(ws[i], *rows(t, i)) for i in range(num)])
@@ -103,7 +105,8 @@ def stale_synchronous(w0, rows, steps, num, lr, staleness):
             if t >= staleness:
                 old = grads[t - staleness]
                 update = update + sum(old[j] for j in range(num) if j != i)
-            ws[i] = ws[i] - lr / num * update
+            velocities[i] = momentum * velocities[i] - lr / num * update
+            ws[i] = ws[i] + velocities[i]
         history.append([w.copy() for w in ws])
     for t in range(max(0, steps - staleness), steps):
         for i in range(num):

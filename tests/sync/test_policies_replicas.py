@@ -156,6 +156,20 @@ def test_stale_synchronous_follows_ssp(staleness, engine):
     assert stats["bytes_sent"] == steps * dense > 0
 
 
+@pytest.mark.parametrize("compensation", [True, False])
+def test_stale_synchronous_compensates_sgd_momentum(compensation):
+    steps, num, staleness, momentum = 7, 3, 2, 0.9
+    policy = sync.StaleSynchronous(staleness=staleness, momentum_compensation=compensation)
+    w0, history, final, strategy, rows = fit(policy, steps, num=num, momentum=momentum)
+    # 1 - (1 - m)(1 + s (N - 1) / N): the mean staleness 4/3 acts as extra momentum.
+    used = 1 - (1 - momentum) * (1 + staleness * (num - 1) / num) if compensation else momentum
+    expected, drained = reference.stale_synchronous(w0, rows, steps, num, LR, staleness, used)
+    for t in range(steps):
+        close(history[t], expected[t])
+    close(final, [drained] * num)
+    assert strategy.sync_runner.mean_staleness == (4 / 3 if compensation else 0.0)
+
+
 def test_model_averaging_follows_crossbow():
     steps, learners, momentum = 6, 2, 0.5
     policy = sync.ModelAveraging(learners_per_device=learners, momentum=momentum)

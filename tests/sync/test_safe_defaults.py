@@ -15,7 +15,7 @@ import pytest
 import tfdist_ext
 from tfdist_ext import sync
 from tfdist_ext.keras import divergence
-from tfdist_ext.sync import local_sgd
+from tfdist_ext.sync import local_sgd, momentum
 
 
 def _data(seed=0, n=256):
@@ -112,14 +112,14 @@ def test_guard_thresholds():
 
 
 @pytest.mark.parametrize("sync_, compression, optimizer, expected", [
-    ("stale_synchronous", None, keras.optimizers.SGD(0.1, momentum=0.9),
-     ["sync='stale_synchronous' with SGD(momentum=0.9): gradients applied `staleness` steps "
-      "late add to the optimizer's momentum"]),
-    ("async", None, keras.optimizers.SGD(0.1, momentum=0.5),
-     ["sync='async' with SGD(momentum=0.5): stale gradients add to the optimizer's momentum"]),
-    (None, "adaptive", keras.optimizers.SGD(0.1, momentum=0.9),
-     ["compression='adaptive' with SGD(momentum=0.9): the error-feedback residual"]),
-    ("stale_synchronous", None,
+    ({"name": "stale_synchronous", "momentum_compensation": False}, None,
+     keras.optimizers.SGD(0.1, momentum=0.9),
+     ["sync='stale_synchronous' with SGD(momentum=0.9): with momentum_compensation=False the "
+      "gradients applied `staleness` steps late add to the optimizer's momentum"]),
+    ("stale_synchronous", None, keras.optimizers.SGD(0.1, momentum=0.9), []),
+    ("async", None, keras.optimizers.SGD(0.1, momentum=0.5), []),
+    (None, "adaptive", keras.optimizers.SGD(0.1, momentum=0.9), []),
+    ({"name": "stale_synchronous", "momentum_compensation": False}, None,
      keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
      ["sync='stale_synchronous' with SGD(momentum=0.9)"]),
     ("stale_synchronous", None, keras.optimizers.SGD(0.1), []),
@@ -140,7 +140,8 @@ def test_momentum_cautions_name_the_mode_the_cost_and_the_safer_choice(sync_, co
 
 def test_fit_warns_once_before_the_first_step_with_momentum_sgd(caplog):
     from tfdist_ext.keras import optimizer_check  # pylint: disable=import-outside-toplevel
-    strategy = tfdist_ext.Strategy(num_replicas=2, sync="stale_synchronous")
+    strategy = tfdist_ext.Strategy(
+        num_replicas=2, sync={"name": "stale_synchronous", "momentum_compensation": False})
     x, y = _data()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
@@ -153,8 +154,56 @@ def test_fit_warns_once_before_the_first_step_with_momentum_sgd(caplog):
             seen.append(len([r for r in caplog.records if "momentum=0.9" in r.getMessage()]))
 
     with caplog.at_level(logging.WARNING, logger="tfdist_ext"):
-        with pytest.warns(optimizer_check.ModeOptimizerWarning, match="4.7 points below"):
+        with pytest.warns(optimizer_check.ModeOptimizerWarning, match="1.8 points below"):
             model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[FirstBatch()])
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
     assert seen[0] == 1  # before the first step
     assert len([r for r in caplog.records if "momentum=0.9" in r.getMessage()]) == 1
+
+
+def test_momentum_compensation_keeps_the_synchronous_step_gain():
+    assert momentum.compensated(0.9, 1.0) == pytest.approx(0.8)    # SSP s=2, N=2; async N=2
+    assert momentum.compensated(0.9, 3.0) == pytest.approx(0.6)    # async N=4
+    assert momentum.compensated(0.9, 12.0) == 0.0                  # never negative
+    assert momentum.compensated(0.0, 2.0) == 0.0
+    for m, tau in ((0.9, 1.0), (0.5, 0.5), (0.99, 4.0)):
+        assert (1 + tau) / (1 - momentum.compensated(m, tau)) == pytest.approx(1 / (1 - m))
+
+
+@pytest.mark.parametrize("optimizer, path, expected", [
+    (keras.optimizers.SGD(0.1, momentum=0.9), ("config", "momentum"), 0.8),
+    (keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), ("config", "momentum"), 0.8),
+    (keras.optimizers.SGD(0.1), ("config", "momentum"), 0.0),
+    (keras.optimizers.Adam(1e-3), ("config", "beta_1"), 0.9),
+    (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+     ("config", "inner_optimizer", "config", "momentum"), 0.8),
+])
+def test_the_servers_optimizer_config_is_compensated(optimizer, path, expected):
+    config = keras.optimizers.serialize(optimizer)
+    changed = momentum.compensated_config(config, 1.0)
+    value, original = changed, config
+    for key in path:
+        value, original = value[key], original[key]
+    assert value == pytest.approx(expected)
+    assert original == pytest.approx(0.0 if expected == 0.0 else 0.9)  # the input is kept
+    keras.optimizers.deserialize(changed)
+
+
+def test_momentum_while_tracing_sets_once_in_nested_blocks_and_restores():
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    with momentum.momentum_while_tracing(optimizer, 1.0):
+        assert optimizer.momentum == pytest.approx(0.8)
+        with momentum.momentum_while_tracing(optimizer, 1.0):  # a second replica's block
+            assert optimizer.momentum == pytest.approx(0.8)
+        assert optimizer.momentum == pytest.approx(0.8)
+    assert optimizer.momentum == 0.9
+    adam = keras.optimizers.Adam()
+    with momentum.momentum_while_tracing(adam, 3.0):
+        assert adam.beta_1 == 0.9
+
+
+def test_compensation_flags_are_booleans():
+    for policy in (sync.StaleSynchronous, sync.Asynchronous):
+        with pytest.raises(ValueError, match=r"Argument `momentum_compensation` must be True or "
+                                             r"False; received 'no'\."):
+            policy(momentum_compensation="no")

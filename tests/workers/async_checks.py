@@ -6,9 +6,10 @@ The same program runs on the "ps" tasks, where `Strategy(sync="async")`
 serves and exits. Modes:
 
 * ``train``: three sessions (strategies) in one process: (1) unbounded
-  async SGD with worker N-1 sleeping before every step (about 3x slower),
-  validation data and a ModelCheckpoint; (2) the same with
-  ``staleness_bound = N - 1``; (3) the model and optimizer restored from
+  async SGD with the optimizer's own momentum (no compensation) and worker
+  N-1 sleeping before every step (about 3x slower), validation data and a
+  ModelCheckpoint; (2) the same with ``staleness_bound = N - 1`` and the
+  default momentum compensation; (3) the model and optimizer restored from
   session 1's checkpoint (`keras.models.load_model`), trained one step per
   worker at learning rate 0: the restored momentum alone moves the weights. Writes per session
   the weights' digest, stats, losses, weights, momentum slots and the
@@ -162,10 +163,11 @@ def main():
         shaped(index, num_workers, out)
         return
     checkpoint = str(out / "session1.keras")
-    results = [session("async", index, num_workers, out, checkpoint=checkpoint),
+    own_momentum = {"name": "async", "momentum_compensation": False}
+    results = [session(own_momentum, index, num_workers, out, checkpoint=checkpoint),
                session({"name": "async", "staleness_bound": num_workers - 1}, index,
                        num_workers, out),
-               session("async", index, num_workers, out, steps=1, epochs=1,
+               session(own_momentum, index, num_workers, out, steps=1, epochs=1,
                        restore=checkpoint),
                batchnorm(index, num_workers)]
     (out / f"w{index}.json").write_text(json.dumps(results))

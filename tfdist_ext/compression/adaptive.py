@@ -35,13 +35,15 @@ class Adaptive(Compressor):
     1. Probe: after `warmup_steps` dense steps, every candidate in turn
        reduces every bucket for `probe_steps` steps (plus one unmeasured).
        The chief records each bucket's reduction time (compression
-       included) and relative error ||r'|| / ||g + r|| (r: the residual
-       before, r': after; 0 for "none").
-    2. Decide: per bucket, among candidates with median error <= `max_error`,
-       the fastest (by its fastest probe step: noise only adds time); a
-       candidate listed earlier (less compression) wins if it is within
-       `tolerance` of the fastest. The chief's decisions are broadcast, so
-       every worker reduces alike, and logged.
+       included), relative error ||r'|| / ||g + r|| (r: the residual
+       before, r': after; 0 for "none") and lag ||r'|| / ||g||: the
+       gradient the residual holds back, in steps of gradient.
+    2. Decide: per bucket, among candidates with median error <= `max_error`
+       and largest lag <= `max_lag`, the fastest (by its fastest probe step:
+       noise only adds time); a candidate listed earlier (less compression)
+       wins if it is within `tolerance` of the fastest. The chief's
+       decisions are broadcast, so every worker reduces alike, and logged
+       (each candidate's ms, error and lag).
     3. Watch: the median step time of every `check_every` steps is compared
        with the one right after the decision; a change by more than `drift`
        (a slower or faster link, a straggler) in two checks in a row starts
@@ -54,10 +56,19 @@ class Adaptive(Compressor):
     is kept per candidate. Works with `sync="sync"` only: the other policies'
     steps do not time a gradient all-reduce.
 
+    The error measures speed's price per step; the lag measures harm: what
+    error feedback holds back is applied late, like a stale gradient, and
+    with SGD momentum late gradients add to the momentum (Mitliagkas et al.,
+    "Asynchrony begets momentum", 2016). A residual that keeps growing (top-k
+    1% reached a lag of 4.2 in a 6-step probe on an MLP, PowerSGD rank 2
+    stayed at 1.2, rank 4 at 0.6) means a compressor that lags ever further
+    behind the gradient.
+
     Tuning: order `candidates` from least to most compression. Raise
-    `max_error` to let stronger compression through (error feedback makes
-    PowerSGD and top-k converge with per-step errors near 1; measured values
-    in docs/results.md#adaptive-compression), lower it to keep to near-lossless choices. Longer
+    `max_error` or `max_lag` to let stronger compression through (error
+    feedback makes PowerSGD and top-k converge with per-step errors near 1;
+    measured values in docs/results.md#adaptive-compression), lower them to
+    keep to near-lossless choices. Longer
     `probe_steps` give steadier timings on a noisy machine; each probe costs
     len(candidates) * (probe_steps + 1) steps, some with slow candidates.
 
@@ -67,6 +78,9 @@ class Adaptive(Compressor):
             no nested "adaptive".
         max_error: Largest median relative error a candidate may have on a
             bucket, a number > 0. Defaults to 0.95.
+        max_lag: Largest lag (residual / gradient norm) a candidate may
+            reach on a bucket during its probe, a number > 0. Defaults to 2:
+            the staleness that stale-synchronous training's defaults apply.
         probe_steps: Measured steps per candidate and probe, >= 1. Defaults to 5.
         check_every: Steps between drift checks, >= 1. Defaults to 50. A
             lasting change is acted on 2 * check_every steps after it began.
@@ -81,6 +95,7 @@ class Adaptive(Compressor):
 
     candidates: tuple = DEFAULT_CANDIDATES
     max_error: float = 0.95
+    max_lag: float = 2.0
     probe_steps: int = 5
     check_every: int = 50
     drift: float = 0.3
@@ -89,17 +104,13 @@ class Adaptive(Compressor):
     warmup_steps: int = 0
 
     error_feedback = True
-    momentum_caution = (
-        "the error-feedback residual of the stronger candidates (top-k 1%) is applied late "
-        "into the momentum; on a 2-worker MLP (8x8 digits, 15 epochs) adaptive ended 4.0 "
-        "points below dense (0.936 against 0.976). With this optimizer compression='powersgd' "
-        "(0.973 there) or Adaptive(candidates=('none', 'bf16', 'powersgd')) are safer")
 
     def __post_init__(self):
         super().__post_init__()
         owner = type(self).__name__
         object.__setattr__(self, "candidates", _candidates(self.candidates))
         _check_positive(owner, "max_error", self.max_error)
+        _check_positive(owner, "max_lag", self.max_lag)
         _check_positive(owner, "drift", self.drift)
         _check_positive(owner, "tolerance", self.tolerance, allow_zero=True)
         check_int(owner, "probe_steps", self.probe_steps, minimum=1)
@@ -116,11 +127,12 @@ class Adaptive(Compressor):
         n, dtype = flat.shape.num_elements(), flat.dtype
         # [candidate index, 1 while the controller measures errors, else 0]
         setting = state.buffer(f"{key}_adaptive_choice", replica, 2, tf.int32).read_value()
-        measured = state.buffer(f"{key}_adaptive_stats", replica, 2, tf.float64)
+        measured = state.buffer(f"{key}_adaptive_stats", replica, 3, tf.float64)
         residual = state.residual(key, replica, n, dtype)
         measuring = setting[1] > 0
         zero = tf.constant(0.0, tf.float64)
         before = tf.cond(measuring, lambda: _norm(flat + residual.read_value()), lambda: zero)
+        fresh = tf.cond(measuring, lambda: _norm(flat), lambda: zero)
         comms = [comm.fork() for _ in self.candidates]
         branches = [_timed(_branch(c, i, bucket, comms[i], state, residual), flat)
                     for i, c in enumerate(self.candidates)]
@@ -128,14 +140,14 @@ class Adaptive(Compressor):
         result, seconds = tf.switch_case(index, branches)
         comm.count(tf.gather(tf.constant([c.bytes_sent for c in comms], tf.int64), index))
         with tf.control_dependencies([result]):
-            error = tf.cond(measuring,
-                            lambda: _norm(residual.read_value()) / (before + 1e-30), lambda: zero)
-            update = measured.assign(tf.stack([seconds, error]))
+            after = tf.cond(measuring, lambda: _norm(residual.read_value()), lambda: zero)
+            update = measured.assign(tf.stack([seconds, after / (before + 1e-30),
+                                               after / (fresh + 1e-30)]))
         with tf.control_dependencies([update]):
             return tf.identity(result)
 
 
-def choose(seconds, errors, max_error, tolerance):
+def choose(seconds, errors, max_error, tolerance, lags=None, max_lag=math.inf):
     """Per bucket, the index of the candidate to use (a pure function).
 
     Args:
@@ -146,13 +158,17 @@ def choose(seconds, errors, max_error, tolerance):
             (if every candidate is, the least erroneous one is used).
         tolerance: The first-listed candidate within (1 + tolerance) x the
             fastest allowed one wins.
+        lags: lags[c][b], the largest residual it left, in steps of gradient
+            (||residual|| / ||gradient||); None: not considered.
+        max_lag: Candidates above it on a bucket are not considered there.
 
     Returns:
         A list of candidate indices, one per bucket.
     """
     choices = []
     for b in range(len(seconds[0]) if seconds else 0):
-        allowed = [c for c in range(len(seconds)) if errors[c][b] <= max_error]
+        allowed = [c for c in range(len(seconds)) if errors[c][b] <= max_error
+                   and (lags is None or lags[c][b] <= max_lag)]
         if not allowed:
             allowed = [min(range(len(seconds)), key=lambda c: errors[c][b])]
         fastest = min(seconds[c][b] for c in allowed)

@@ -29,7 +29,7 @@ class AdaptiveCompression(keras.callbacks.Callback):
     Attributes:
         decisions: One dict per decision round: "step", "reason", "candidates"
             (labels), "step_seconds" (median step per candidate) and "buckets"
-            (per bucket: "key", "seconds" and "errors" per candidate, "choice").
+            (per bucket: "key", "seconds", "errors" and "lags" per candidate, "choice").
     """
 
     def __init__(self, strategy):
@@ -113,24 +113,26 @@ class AdaptiveCompression(keras.callbacks.Callback):
                        for runs in self._bucket_stats]
             errors = [[statistics.median(s[b][1] for s in runs) for b in range(n)]
                       for runs in self._bucket_stats]
+            lags = [[max(s[b][2] for s in runs) for b in range(n)] for runs in self._bucket_stats]
             choices = adaptive.choose(seconds, errors, self.compressor.max_error,
-                                      self.compressor.tolerance)
-            flat = [float(c) for c in choices] + [v for row in seconds for v in row] + [
-                v for row in errors for v in row]
+                                      self.compressor.tolerance, lags, self.compressor.max_lag)
+            flat = [float(c) for c in choices] + [
+                v for table in (seconds, errors, lags) for row in table for v in row]
         else:
-            flat = [0.0] * (n + 2 * n * len(self.labels))
+            flat = [0.0] * (n + 3 * n * len(self.labels))
         flat = self.strategy.broadcast_from_chief(flat)
         choices = [int(v) for v in flat[:n]]
-        table = [flat[n + c * n:n + (c + 1) * n] for c in range(len(self.labels))]
-        errors = [flat[n + (len(self.labels) + c) * n:n + (len(self.labels) + c + 1) * n]
-                  for c in range(len(self.labels))]
+        c_n = len(self.labels) * n
+        table, errors, lags = ([flat[n + k * c_n + c * n:n + k * c_n + (c + 1) * n]
+                                for c in range(len(self.labels))] for k in range(3))
         self._set_choices(choices)
         decision = {
             "step": self._step, "reason": self._reason, "candidates": list(self.labels),
             "step_seconds": [statistics.median(s) for s in self._seconds],
             "buckets": [{"key": key, "choice": self.labels[choice],
                          "seconds": [table[c][b] for c in range(len(self.labels))],
-                         "errors": [errors[c][b] for c in range(len(self.labels))]}
+                         "errors": [errors[c][b] for c in range(len(self.labels))],
+                         "lags": [lags[c][b] for c in range(len(self.labels))]}
                         for b, (key, choice) in enumerate(zip(keys, choices))]}
         self.decisions.append(decision)
         if self._chief:
@@ -176,12 +178,12 @@ def format_decision(decision):
     labels = decision["candidates"]
     width = max(len(label) for label in labels)
     lines = [f"    {'candidate':<{width}}  step ms  " + "  ".join(
-        f"{b['key'][:24]:>24}" for b in decision["buckets"])]
+        f"{b['key'][:32]:>32}" for b in decision["buckets"])]
     for c, label in enumerate(labels):
-        cells = [f"{b['seconds'][c] * 1e3:9.2f} ms e={b['errors'][c]:.2f}"
-                 for b in decision["buckets"]]
+        cells = [f"{b['seconds'][c] * 1e3:9.2f} ms e={b['errors'][c]:.2f} "
+                 f"lag={b['lags'][c]:.1f}" for b in decision["buckets"]]
         lines.append(f"    {label:<{width}}  {decision['step_seconds'][c] * 1e3:7.1f}  "
-                     + "  ".join(f"{cell:>24}" for cell in cells))
+                     + "  ".join(f"{cell:>32}" for cell in cells))
     lines.append(f"    {'chosen':<{width}}           " + "  ".join(
-        f"{b['choice']:>24}" for b in decision["buckets"]))
+        f"{b['choice']:>32}" for b in decision["buckets"]))
     return "\n".join(lines)

@@ -24,15 +24,25 @@ replicas), logged at epoch ends, and printed per worker by the servers.
 References: Dean et al., "Large Scale Distributed Deep Networks" (Downpour
 SGD), NeurIPS 2012; Ho et al., "More Effective Distributed ML via a Stale
 Synchronous Parallel Parameter Server", NeurIPS 2013 (the bound); Zheng et
-al., "Asynchronous SGD with Delay Compensation", ICML 2017 (DC-ASGD).
+al., "Asynchronous SGD with Delay Compensation", ICML 2017 (DC-ASGD);
+Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
+application to deep learning", Allerton 2016 (momentum compensation).
 
-Tuning: the optimizer applies one update per worker gradient, N per
-synchronous step, each from one worker's batch: start from the synchronous
-learning rate divided by the number of workers and raise it while accuracy
-holds. A staleness bound (at least workers - 1) trades the stragglers'
-freedom for fresher gradients; delay compensation helps at large staleness.
-Weights other than trainable ones (BatchNorm statistics) stay per worker
-during `fit` and are averaged over the workers when it returns.
+Each worker pushes its gradient as Keras scales it in a synchronous step
+(its mean gradient divided by the number of replicas N), so the N updates the
+servers apply per round of N pushes move as far as one synchronous step: the
+synchronous learning rate carries over (the linear scaling rule of Goyal et
+al., 2017, for updates from 1/N of the global batch). With Keras' `SGD` and
+momentum m, `momentum_compensation` (on by default) gives the servers'
+optimizer the momentum 1 - (1 - m) N: a gradient applied N - 1 updates late
+on average acts as extra momentum (`tfdist_ext.sync.momentum`, Mitliagkas et
+al. 2016), and the compensated value keeps synchronous training's step gain.
+
+Tuning: keep the synchronous learning rate. A staleness bound (at least
+workers - 1) trades the stragglers' freedom for fresher gradients; delay
+compensation helps at large staleness. Weights other than trainable ones
+(BatchNorm statistics) stay per worker during `fit` and are averaged over the
+workers when it returns.
 """
 
 import dataclasses
@@ -47,6 +57,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.ps import sharding, wire
+from tfdist_ext.sync import momentum
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
@@ -66,23 +77,24 @@ class Asynchronous(SyncPolicy):
         delay_compensation: DC-ASGD's lambda >= 0 (0: off).
         timeout_seconds: A worker waiting this long for a server fails,
             naming it (a server that exits is noticed at once). 0: forever.
+        momentum_compensation: Lower an SGD optimizer's momentum on the
+            servers for the staleness of N replicas (see the module doc).
+            False keeps the optimizer's own momentum.
     """
 
     staleness_bound: Optional[int] = None
     delay_compensation: float = 0.0
     timeout_seconds: float = 600.0
+    momentum_compensation: bool = True
     uses_parameter_servers = True
     communicates = ("gradients to parameter servers and parameters back, every step, "
                     "without waiting for other workers")
     divergence_advice = "set `staleness_bound` (e.g. 2) or `delay_compensation` (e.g. 0.04)"
-    momentum_caution = (
-        "stale gradients add to the optimizer's momentum (asynchrony acts as extra momentum: "
-        "Mitliagkas et al., 2016); on a 2-worker MLP (8x8 digits, 15 epochs) it ended 4.5 "
-        "points below synchronous SGD (0.931 against 0.976), on mnist1d 6 points below. Adam "
-        "is safer here (async measured above synchronous with it), or "
-        "sync='delayed_averaging' / 'local_sgd' when no worker is permanently slow")
 
     def __post_init__(self):
+        if not isinstance(self.momentum_compensation, bool):
+            raise ValueError(f"Argument `momentum_compensation` must be True or False; "
+                             f"received {self.momentum_compensation!r}.")
         s = self.staleness_bound
         if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Integral)
                               or s < 0):
@@ -182,7 +194,8 @@ class _AsyncRunner(PolicyRunner):
                     "keeps them so).")
         sizes = [v.shape.num_elements() for v in variables]
         self.shards = sharding.shard(sizes, len(self.servers))
-        self.slots = _optimizer_layout(model, self.shards)
+        self.slots = _optimizer_layout(model, self.shards,
+                                       self._server_optimizer(model.optimizer))
         devices = self.cross_ops.devices
         with _compat.init_scope():
             self.clients = [_Client(self.servers, self.first_rank + i, self.session,
@@ -194,10 +207,17 @@ class _AsyncRunner(PolicyRunner):
         log.info("tfdist_ext: sync='async' over %d parameter server(s) %s; variables per "
                  "server %s", len(self.servers), self.servers, [len(s) for s in self.shards])
 
-    def _initialize_servers(self, model, variables):
+    def _server_optimizer(self, optimizer):
+        """The Keras config of the servers' optimizer: the model's, momentum compensated."""
         import keras  # pylint: disable=import-outside-toplevel
 
-        optimizer = keras.optimizers.serialize(model.optimizer)
+        config = keras.optimizers.serialize(optimizer)
+        if self.policy.momentum_compensation:
+            config = momentum.compensated_config(config, self.world_size - 1)
+        return config
+
+    def _initialize_servers(self, model, variables):
+        optimizer = self._server_optimizer(model.optimizer)
         # A restored (or reused) optimizer's state goes to the servers too.
         restored = int(model.optimizer.iterations.numpy()) > 0
         chief = self.clients[0]
@@ -281,8 +301,7 @@ class _AsyncRunner(PolicyRunner):
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         del optimizer, learning_rate  # the servers apply the gradients
-        scale = float(self.world_size)  # Keras scaled the loss by 1 / replicas
-        grads = [g * tf.cast(scale, g.dtype) for g in dense_gradients(grads)]
+        grads = dense_gradients(grads)
         tf.distribute.get_replica_context().merge_call(
             self._push_merge, args=(grads, [tf_variable(v) for v in variables]))
 
@@ -340,13 +359,14 @@ class _AsyncRunner(PolicyRunner):
                 "staleness_histogram": counts[:last + 1].tolist()}
 
 
-def _optimizer_layout(model, shards):
+def _optimizer_layout(model, shards, config):
     """Per server: (this worker's optimizer variable, owner) in the server's optimizer order.
 
-    A server builds the model's optimizer (from its Keras config) over its
-    variables; an optimizer built the same way over the same model variables
-    here lists its variables in that order, with the paths of the worker's own
-    optimizer variables. Variables every server has (iterations, learning
+    A server builds the optimizer of Keras config `config` (the model's, maybe
+    with compensated momentum) over its variables; an optimizer built the same
+    way over the same model variables here lists its variables in that order,
+    with the paths of the worker's own optimizer variables (a compensated
+    momentum of 0 has no momentum slots: the worker's stay unused). Variables every server has (iterations, learning
     rate) are owned by the first server that lists them.
     """
     import keras  # pylint: disable=import-outside-toplevel
@@ -355,7 +375,6 @@ def _optimizer_layout(model, shards):
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
     by_path = {v.path: v for v in optimizer.variables}
-    config = keras.optimizers.serialize(optimizer)
     layout, owned = [], set()
     with _compat.init_scope():
         for members in shards:

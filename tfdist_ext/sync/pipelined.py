@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext.collectives import fusion
+from tfdist_ext.sync import momentum
 from tfdist_ext.sync.inflight import InflightReductions
 from tfdist_ext.sync.inflight_payloads import Payloads
 from tfdist_ext.sync.tickets import InflightTickets
@@ -37,12 +38,15 @@ class PipelinedRunner(PolicyRunner):
         strategy: The owning strategy.
         delay: d, steps between a reduction's start and its use.
         local_scale: a, the weight of a replica's own gradient (see module doc).
+        mean_staleness: E[tau] of the applied gradient, for SGD momentum
+            compensation (`tfdist_ext.sync.momentum`); 0 turns it off.
     """
 
-    def __init__(self, strategy, delay: int, local_scale: float):
+    def __init__(self, strategy, delay: int, local_scale: float, mean_staleness: float = 0.0):
         super().__init__(strategy)
         self.delay = delay
         self.local_scale = local_scale
+        self.mean_staleness = mean_staleness
         timeout = self.cross_ops.timeout_seconds
         background = strategy.extended.background_cross_device_ops()
         if background.config.engine == "ucx":
@@ -77,7 +81,8 @@ class PipelinedRunner(PolicyRunner):
         for fresh, stale, total in zip(buffers, own, sums):
             scale = tf.cast(self.local_scale, fresh.dtype)
             updates.append(scale * fresh - scale * stale + total)
-        self.apply(optimizer, restore(updates), variables, learning_rate)
+        with momentum.momentum_while_tracing(optimizer, self.mean_staleness):
+            self.apply(optimizer, restore(updates), variables, learning_rate)
 
     def on_train_begin(self, model):
         super().on_train_begin(model)
