@@ -149,10 +149,15 @@ setup(
     install_requires=["keras>=3.15.1,<3.16", "numpy>=2.4.6,<2.5", "tensorboard>=2.21.0,<2.22"],
     extras_require={"cpu": ["tensorflow-cpu>=2.21.0,<2.22"], "gpu": ["tensorflow>=2.21.0,<2.22"],
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
-                    # Gloo rows of bench/engines.py, PyTorch DDP and Keras on JAX in bench/step.py
-                    "bench": ["torch>=2.13,<2.14", "jax>=0.10.2,<0.11"],
+                    # Gloo rows of bench/engines.py, PyTorch DDP and Keras on JAX in bench/step.py;
+                    # scikit-learn's datasets in bench/modes_matrix.py (not in the test set:
+                    # Keras imports it when installed, 1.5 s more per TensorFlow process)
+                    "bench": ["torch>=2.13,<2.14", "jax>=0.10.2,<0.11",
+                              "scikit-learn>=1.9.1,<1.10"],
                     "examples": ["mnist1d>=0.0.2.post1,<0.1", "matplotlib>=3.11.2,<3.12"],
+                    "ray": ["ray[train]>=2.60.0,<2.61"],
                     "test": ["pytest>=9.0.3,<9.3", "pytest-xdist>=3.8.0,<3.9",
+                             "ray[train]>=2.60.0,<2.61",
                              "mnist1d>=0.0.2.post1,<0.1",
                              "matplotlib>=3.11.2,<3.12"]},
     ext_modules=[Extension("tfdist_ext.ops._tfdist_ops", sources=[], optional=True),

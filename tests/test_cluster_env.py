@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from conftest import ROOT
 from tfdist_ext import cluster, cluster_env
-from tfdist_ext.cluster_env import slurm
+from tfdist_ext.cluster_env import ray as ray_env, slurm
 
 POD = {"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "train-mnist-1", "TFDIST_WORKERS": "3",
        "TFDIST_SERVICE": "workers"}
@@ -139,3 +139,29 @@ def test_a_cluster_resolver_becomes_tf_config():
     with pytest.raises(ValueError, match=r"`cluster_resolver` \(SimpleClusterResolver\) does "
                                          r"not describe this task: .*task index 4 is out of"):
         cluster.tf_config_from_resolver(lost)
+
+
+@pytest.mark.parametrize("value, removed", [("1", True), ("True", True), ("true", True),
+                                            ("0", False), ("", False), (None, False)])
+def test_ray_trainers_legacy_keras_setting_is_removed(value, removed, caplog):
+    environ = {"RAY_RAYLET_PID": "1"} if value is None else {
+        "TF_USE_LEGACY_KERAS": value, "RAY_RAYLET_PID": "1"}
+    with caplog.at_level("INFO", logger="tfdist_ext"):
+        assert ray_env.keep_keras_3(environ) is removed
+    assert ("TF_USE_LEGACY_KERAS" in environ) is (value is not None and not removed)
+    if removed:
+        assert (f"TF_USE_LEGACY_KERAS={value} removed (Ray Train's TensorflowTrainer sets it): "
+                "tfdist_ext trains Keras 3 models") in caplog.text
+
+
+def test_import_after_tensorflow_still_gives_keras_3_to_tf_keras():
+    # As in a Ray Train worker: TF_CONFIG and TF_USE_LEGACY_KERAS=1 set (tf_keras is not
+    # installed, so tf.keras would fail), tensorflow imported before tfdist_ext.
+    code = ("import tensorflow as tf, keras, tfdist_ext, os; "
+            "assert 'TF_USE_LEGACY_KERAS' not in os.environ; "
+            "assert tf.keras.layers.Dense is keras.layers.Dense; print('ok')")
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(ROOT))
+    env.pop("TF_CONFIG", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -1,11 +1,13 @@
 """Keras fit across worker processes started by tfdist-run (TF_CONFIG, gRPC) or srun."""
 
+import json
 import os
 import pathlib
 import random
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -93,6 +95,48 @@ def test_srun_fits_like_tfdist_run_without_a_tf_config(tfdist_run_fit, slurm_con
         assert ours["reduce_nest"] == theirs["reduce_nest"]
         np.testing.assert_allclose(ours["fit"]["value"]["loss"],
                                    theirs["fit"]["value"]["loss"], rtol=1e-6)
+
+
+def _ray_processes():
+    names = ("raylet", "gcs_server", "ray::", "default_worker.py")
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    return [line for line in listing if any(name in line for name in names)]
+
+
+def test_ray_train_fits_like_tfdist_run(tfdist_run_fit, tmp_path):
+    # Ray Train's TensorflowTrainer writes each worker's TF_CONFIG (and TF_USE_LEGACY_KERAS=1,
+    # which `import tfdist_ext` removes); the job trains as under tfdist-run and reports
+    # metrics and checkpoints through Ray's own Keras callback.
+    num_workers, reference = tfdist_run_fit
+    if num_workers != 2:
+        pytest.skip("CI time: Ray Train on 2 workers")
+    pytest.importorskip("ray.train.tensorflow")
+    assert not _ray_processes(), "a Ray instance is already running here"
+    try:
+        result = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "ray_train.py"),
+                                 str(tmp_path), "2"], capture_output=True, text=True, cwd=ROOT,
+                                timeout=240, check=False)
+    finally:
+        if _ray_processes():  # the driver timed out or failed before ray.shutdown()
+            subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60,
+                           check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    results = read_worker_json(tmp_path, 2)
+    assert len({r["fit"]["value"]["sha"] for r in results}) == 1
+    for ours, theirs in zip(results, reference):
+        assert ours["legacy_keras"] is None and ours["tf_keras_is_keras_3"]
+        assert ours["reduce_nest"] == theirs["reduce_nest"]
+        np.testing.assert_allclose(ours["fit"]["value"]["loss"],
+                                   theirs["fit"]["value"]["loss"], rtol=1e-6)
+    trainer = json.loads((tmp_path / "result.json").read_text())
+    assert trainer["error"] is None
+    assert trainer["metrics"]["loss"] == pytest.approx(results[0]["fit"]["value"]["loss"][-1])
+    assert (pathlib.Path(trainer["checkpoint"]) / "model.keras").is_file()
+    deadline = time.monotonic() + 20
+    while _ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes(), _ray_processes()
 
 
 def test_mnist1d_example_reaches_85_percent_on_two_workers(tmp_path):

@@ -1,12 +1,14 @@
-"""Worker program for tests/test_multiworker.py (run under tfdist-run or srun).
+"""Worker program for tests/test_multiworker.py (run under tfdist-run, srun or Ray Train).
 
-    python multiworker_checks.py OUT_DIR tfdist|stock|resolver:PORT
+    python multiworker_checks.py OUT_DIR tfdist|stock|resolver:PORT|ray
 
 Exercises the two Keras 3.15 multi-worker `fit` bugs (keras-team/keras#20585)
 directly and through `fit`, and writes what happened to OUT_DIR/w<index>.json.
 With `stock` the strategy is TF's MultiWorkerMirroredStrategy, and each failure
 is recorded instead of raised. With `resolver:PORT` (under srun) the strategy takes its
-cluster from TF's SlurmClusterResolver with ports from PORT.
+cluster from TF's SlurmClusterResolver with ports from PORT. With `ray` (called as
+`main` by tests/workers/ray_train.py in a Ray Train worker) `fit` also reports metrics and
+checkpoints through Ray's own Keras callback.
 """
 
 import hashlib
@@ -41,7 +43,13 @@ def main(out_dir, mode):
         strategy = tfdist_ext.Strategy()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     results = {"mode": mode, "workers": strategy.num_replicas_in_sync,
-               "tf_config": json.loads(os.environ["TF_CONFIG"])}
+               "tf_config": json.loads(os.environ["TF_CONFIG"]),
+               "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
+               "tf_keras_is_keras_3": tf.keras.layers.Dense is keras.layers.Dense}
+    callbacks = []
+    if mode == "ray":
+        from ray.train.tensorflow.keras import ReportCheckpointCallback  # pylint: disable=import-outside-toplevel
+        callbacks.append(ReportCheckpointCallback())
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(240, 5)).astype("float32")
@@ -66,7 +74,7 @@ def main(out_dir, mode):
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
 
     def fit():
-        history = model.fit(dataset, epochs=4, verbose=0)
+        history = model.fit(dataset, epochs=4, verbose=0, callbacks=callbacks)
         weights = np.concatenate([w.ravel() for w in model.get_weights()])
         return {"loss": history.history["loss"],
                 "sha": hashlib.sha256(weights.tobytes()).hexdigest()}

@@ -3,12 +3,15 @@
 * `kubernetes`: a pod of an Indexed Job (``TFDIST_WORKERS`` in its manifest);
 * `slurm`: a task of a Slurm job step (``srun -n N python train.py``).
 
-`import tfdist_ext` calls `apply`; a TF_CONFIG that is already set always wins.
+`import tfdist_ext` calls `apply`; a TF_CONFIG that is already set always wins
+(Ray Train's TensorflowTrainer sets one; `ray.keep_keras_3` undoes its
+TF_USE_LEGACY_KERAS).
 """
 
 import logging
 import os
 
+from tfdist_ext.cluster_env import ray
 from tfdist_ext.cluster_env.kubernetes import kubernetes_tf_config
 from tfdist_ext.cluster_env.slurm import slurm_tf_config
 
@@ -27,6 +30,7 @@ def apply(environ=os.environ) -> bool:
         ValueError: the environment is one of those but malformed (the message
             names the variable, its value and the fix).
     """
+    ray.keep_keras_3(environ)
     if environ.get("TF_CONFIG"):
         return False
     for source, derive in _SOURCES:
