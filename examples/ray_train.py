@@ -23,7 +23,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent
 
 def train_loop_per_worker(config):
     import keras  # pylint: disable=import-outside-toplevel
-    from ray.train.tensorflow.keras import ReportCheckpointCallback  # pylint: disable=import-outside-toplevel
+    from ray.train.tensorflow.keras import (  # pylint: disable=import-outside-toplevel
+        ReportCheckpointCallback)
 
     import tfdist_ext  # pylint: disable=import-outside-toplevel
 

@@ -48,7 +48,8 @@ def main(out_dir, mode):
                "tf_keras_is_keras_3": tf.keras.layers.Dense is keras.layers.Dense}
     callbacks = []
     if mode == "ray":
-        from ray.train.tensorflow.keras import ReportCheckpointCallback  # pylint: disable=import-outside-toplevel
+        from ray.train.tensorflow.keras import (  # pylint: disable=import-outside-toplevel
+            ReportCheckpointCallback)
         callbacks.append(ReportCheckpointCallback())
 
     rng = np.random.default_rng(0)

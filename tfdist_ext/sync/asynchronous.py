@@ -366,8 +366,9 @@ def _optimizer_layout(model, shards, config):
     with compensated momentum) over its variables; an optimizer built the same
     way over the same model variables here lists its variables in that order,
     with the paths of the worker's own optimizer variables (a compensated
-    momentum of 0 has no momentum slots: the worker's stay unused). Variables every server has (iterations, learning
-    rate) are owned by the first server that lists them.
+    momentum of 0 has no momentum slots: the worker's stay as they are).
+    Variables every server has (iterations, learning rate) are owned by the
+    first server that lists them.
     """
     import keras  # pylint: disable=import-outside-toplevel
 
