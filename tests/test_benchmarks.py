@@ -140,3 +140,31 @@ def test_step_benchmark_tiny(tmp_path):
     assert all(r["ms_median"] > 0 for r in rows.values())
     assert rows[("tfdist", 1)]["x_keras_same_process"] > 0
     assert (tmp_path / "step.png").stat().st_size > 0
+
+
+def test_modes_matrix_summarizes_marks_warnings_and_fails_unwarned_losses(tmp_path):
+    def record(mode, seed, accuracy, optimizer="momentum", warning=None, error=None):
+        return {"dataset": "digits", "optimizer": optimizer, "world": 2, "mode": mode,
+                "seed": seed, "accuracy": accuracy, "error": error, "warning": warning,
+                "mb_sent": 1.5, "fit_seconds": 1.0}
+
+    records = [record("sync", 0, 0.90), record("sync", 1, 0.80),
+               record("gossip", 0, 0.89), record("gossip", 1, 0.80),   # -0.5: fine
+               record("topk", 0, 0.80, warning="w"), record("topk", 1, 0.70, warning="w"),
+               record("sync", 0, 0.90, "adam"), record("local_sgd", 0, None, "adam",
+                                                        error="DivergenceError: ...")]
+    source, out, plot = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "m.png"
+    source.write_text(json.dumps({"records": records}))
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "modes_matrix.py"),
+                             "--records", str(source), "--json", str(out), "--plot", str(plot)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr  # the diverged cell
+    rows = {(r["optimizer"], r["mode"]): r for r in json.loads(out.read_text())["summary"]}
+    assert rows["momentum", "gossip"]["points_vs_sync"] == pytest.approx(-0.5)
+    assert rows["momentum", "topk"]["points_vs_sync"] == pytest.approx(-10.0)
+    assert rows["momentum", "topk"]["warned"] and not rows["momentum", "gossip"]["warned"]
+    assert rows["adam", "local_sgd"]["errors"]
+    failed = json.loads(out.read_text())["not_within_2_points_unwarned"]
+    assert [(r["optimizer"], r["mode"]) for r in failed] == [("adam", "local_sgd")]
+    assert "1 unwarned cells more than 2 points below sync (or diverged)" in result.stdout
+    assert plot.stat().st_size > 0
