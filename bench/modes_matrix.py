@@ -168,8 +168,9 @@ def launch(cell, timeout):
                    "--ps", "1", "--timeout", str(timeout)] + command
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           check=False)
-    records = [json.loads(line[7:]) for line in done.stdout.splitlines()
-               if line.startswith("RECORD ")]
+    # Under tfdist-run every line has its worker's "[0] " in front.
+    records = [json.loads(line.split("RECORD ", 1)[1]) for line in done.stdout.splitlines()
+               if "RECORD " in line]
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
     return records
