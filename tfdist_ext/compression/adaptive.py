@@ -59,17 +59,17 @@ class Adaptive(Compressor):
     The error measures speed's price per step; the lag measures harm: what
     error feedback holds back is applied late, like a stale gradient, and
     with SGD momentum late gradients add to the momentum (Mitliagkas et al.,
-    "Asynchrony begets momentum", 2016). A residual that keeps growing (top-k
-    1% reached a lag of 4.2 in a 6-step probe on an MLP, PowerSGD rank 2
-    stayed at 1.2, rank 4 at 0.6) means a compressor that lags ever further
-    behind the gradient.
+    "Asynchrony begets momentum", 2016). A residual that keeps growing over
+    the probe (sparse candidates such as top-k 1%; PowerSGD's settles)
+    belongs to a compressor that falls ever further behind the gradient.
 
     Tuning: order `candidates` from least to most compression. Raise
     `max_error` or `max_lag` to let stronger compression through (error
     feedback makes PowerSGD and top-k converge with per-step errors near 1;
-    measured values in docs/results.md#adaptive-compression), lower them to
-    keep to near-lossless choices. Longer
-    `probe_steps` give steadier timings on a noisy machine; each probe costs
+    measured errors and lags in docs/guide/sync.md#safe-defaults and
+    docs/results.md#adaptive-compression), lower them to keep to
+    near-lossless choices. Longer `probe_steps` give steadier timings on a
+    noisy machine (and larger lags for growing residuals); each probe costs
     len(candidates) * (probe_steps + 1) steps, some with slow candidates.
 
     Args:
