@@ -61,11 +61,13 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig, engine):
         assert code != 0, out[-3000:]
         assert took < LIMIT_SECONDS, (took, out[-3000:])
         # The watcher names the peer's task and what happened to it; after a SIGKILL,
-        # TF's own collective (engine "tf") may see the refused or reset connection first,
-        # and its error names the peer's task and the refusal or reset.
+        # TF's own collective (engine "tf") often sees the lost connection first, and its
+        # error names the peer's task and how gRPC lost it (refused, reset or closed: seen
+        # in CI runs).
+        lost = ("Connection refused", "Connection reset by peer", "Socket closed")
         tf_first = (sig == signal.SIGKILL and engine == "tf"
                     and "remote target /job:worker/replica:0/task:1" in out
-                    and ("Connection refused" in out or "Connection reset by peer" in out))
+                    and any(text in out for text in lost))
         assert tf_first or "peer /job:worker/replica:0/task:1 (127.0.0.1:" in out, out[-3000:]
         assert tf_first or ("server is gone" if sig == signal.SIGKILL
                             else "no answer to 2 health checks") in out, out[-3000:]
