@@ -57,6 +57,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.ps import sharding, wire
+from tfdist_ext.registry import boolean
 from tfdist_ext.sync import momentum
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
@@ -92,9 +93,7 @@ class Asynchronous(SyncPolicy):
     divergence_advice = "set `staleness_bound` (e.g. 2) or `delay_compensation` (e.g. 0.04)"
 
     def __post_init__(self):
-        if not isinstance(self.momentum_compensation, bool):
-            raise ValueError(f"Argument `momentum_compensation` must be True or False; "
-                             f"received {self.momentum_compensation!r}.")
+        boolean("momentum_compensation", self.momentum_compensation)
         s = self.staleness_bound
         if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Integral)
                               or s < 0):

@@ -33,7 +33,7 @@ keep the learning rate of synchronous training.
 
 import dataclasses
 
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync import inflight_payloads
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.pipelined import PipelinedRunner
@@ -68,9 +68,7 @@ class StaleSynchronous(SyncPolicy):
 
     def __post_init__(self):
         positive_int("staleness", self.staleness)
-        if not isinstance(self.momentum_compensation, bool):
-            raise ValueError(f"Argument `momentum_compensation` must be True or False; "
-                             f"received {self.momentum_compensation!r}.")
+        boolean("momentum_compensation", self.momentum_compensation)
 
     def check_compression(self, compressor) -> None:
         """One-round reducible compressors only (`inflight_payloads.check`)."""
