@@ -15,7 +15,7 @@ import pytest
 import tfdist_ext
 from tfdist_ext import sync
 from tfdist_ext.keras import divergence
-from tfdist_ext.sync import local_sgd, momentum
+from tfdist_ext.sync import local_sgd, lr_scaling, momentum
 
 
 def _data(seed=0, n=256):
@@ -207,3 +207,65 @@ def test_compensation_flags_are_booleans():
         with pytest.raises(ValueError, match=r"Argument `momentum_compensation` must be True or "
                                              r"False; received 'no'\."):
             policy(momentum_compensation="no")
+
+
+@pytest.mark.parametrize("optimizer, factor", [
+    (keras.optimizers.SGD(0.1), 1.0),
+    (keras.optimizers.SGD(0.1, momentum=0.9), 1.0),
+    (keras.optimizers.Adam(1e-3), 2.0),
+    (keras.optimizers.AdamW(1e-3), 2.0),
+    (keras.optimizers.RMSprop(1e-3), 2.0),
+    (keras.optimizers.Lion(1e-4), 2.0),
+    (keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3)), 2.0),
+])
+def test_sqrt_lr_scaling_applies_to_normalizing_optimizers_only(optimizer, factor):
+    assert lr_scaling.scale(optimizer, 4.0) == factor
+    assert lr_scaling.scale(optimizer, 1.0) == 1.0
+
+
+def test_gossip_noise_ratio_counts_what_each_optimizer_averages():
+    assert sync.Gossip().noise_ratio(4) == 4.0
+    assert sync.Gossip(mix_gradients=True).noise_ratio(2) == pytest.approx(1.0)  # full mean
+    assert sync.Gossip(mix_gradients=True, peers=2).noise_ratio(4) == pytest.approx(4 / 3)
+    assert sync.Gossip(mixing=0.0).noise_ratio(4) == 1.0  # independent replicas
+
+
+def _weights_after(sync_, learning_rate, epochs=1):
+    strategy = tfdist_ext.Strategy(sync=sync_, num_replicas=3)
+    model, _ = _fit(strategy, lambda: keras.optimizers.Adam(learning_rate), epochs)
+    return strategy, [np.asarray(w) for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("sync_, ratio", [
+    ({"name": "local_sgd", "period": 2}, 3),
+    ({"name": "local_sgd", "period": 2, "warmup_steps": 100}, 3),
+    ({"name": "delayed_averaging", "delay": 1}, 5),
+    ({"name": "gossip", "topology": "ring"}, 3),
+])
+def test_adam_steps_with_the_square_root_scaled_learning_rate(sync_, ratio, caplog):
+    """3 replicas, Adam: the default run equals an unscaled run at sqrt(ratio) times the rate."""
+    with caplog.at_level(logging.INFO, logger="tfdist_ext"):
+        strategy, scaled = _weights_after(sync_, 1e-2)
+    assert strategy.sync_runner.lr_factor == pytest.approx(math.sqrt(ratio))
+    assert f"multiplied by sqrt({ratio:.3g})" in caplog.text
+    given = dict(sync_, sqrt_lr_scaling=False)
+    if sync_.get("warmup_steps"):  # every step of the epoch is a synchronous warm-up step
+        _, unscaled = _weights_after(given, 1e-2)
+        for a, b in zip(scaled, unscaled):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        return
+    strategy, manual = _weights_after(given, 1e-2 * math.sqrt(ratio))
+    assert strategy.sync_runner.lr_factor == 1.0
+    for a, b in zip(scaled, manual):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _, unscaled = _weights_after(given, 1e-2)
+    assert not all(np.allclose(a, b, atol=1e-6) for a, b in zip(scaled, unscaled))
+
+
+def test_sgd_and_outer_steps_are_not_rescaled():
+    strategy = tfdist_ext.Strategy(sync={"name": "local_sgd", "period": 2}, num_replicas=2)
+    _fit(strategy, lambda: keras.optimizers.SGD(0.1, momentum=0.9))
+    assert strategy.sync_runner.lr_factor == 1.0
+    strategy = tfdist_ext.Strategy(sync={"name": "diloco", "period": 2}, num_replicas=2)
+    _fit(strategy, lambda: keras.optimizers.Adam(1e-3))
+    assert strategy.sync_runner.lr_factor == 1.0

@@ -39,6 +39,11 @@ what each replica's optimizer does with its own noisy gradient: mix the
 gradients too (`mix_gradients`), so each optimizer steps on the mixed
 gradient of 1 + p replicas' batches, at one more model-sized message per
 peer and step (docs/results.md#gossip-at-4-workers has the measurements).
+By default (`sqrt_lr_scaling`) such an optimizer's learning rate is multiplied
+by the square root of the ratio of the variance of the gradient it steps on
+to the synchronous gradient's: N, or N ((1 - p m)^2 + p m^2) with
+`mix_gradients` (`tfdist_ext.sync.lr_scaling`), so the replicas' mean moves
+as synchronous training's does.
 """
 
 import dataclasses
@@ -52,6 +57,7 @@ from tfdist_ext import _compat
 from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import boolean, positive_int
+from tfdist_ext.sync import lr_scaling
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
@@ -83,6 +89,9 @@ class Gossip(SyncPolicy):
             m sum_j g_{(r - s_j(t)) mod N}). Costs one more model-sized
             message per peer and step; use it with adaptive optimizers
             (Adam) when gossip trails synchronous training.
+        sqrt_lr_scaling: Multiply a normalizing optimizer's learning rate
+            (Adam, RMSprop, ...) by the square root of its gradient's noise
+            ratio (module doc); False keeps it as given.
     """
 
     topology: str = "exponential"
@@ -91,6 +100,7 @@ class Gossip(SyncPolicy):
     seed: int = 0
     mix_slots: bool = False
     mix_gradients: bool = False
+    sqrt_lr_scaling: bool = True
     communicates = "parameters with a few peers every step"
     divergence_advice = "raise `peers` or pass `mix_slots=True`"
 
@@ -107,6 +117,7 @@ class Gossip(SyncPolicy):
         positive_int("seed", self.seed, minimum=0)
         boolean("mix_slots", self.mix_slots)
         boolean("mix_gradients", self.mix_gradients)
+        boolean("sqrt_lr_scaling", self.sqrt_lr_scaling)
         if self.mixing is not None:
             m = self.mixing
             if (isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m)
@@ -114,6 +125,15 @@ class Gossip(SyncPolicy):
                 raise ValueError(
                     f"Argument `mixing` must be in [0, 1 / peers] = [0, {1 / self.peers:g}]; "
                     f"received {m!r}. None gives 1 / (peers + 1), a uniform average.")
+
+    def noise_ratio(self, world_size) -> float:
+        """Variance of the gradient each replica's optimizer steps on over the synchronous one's."""
+        if not self.weight:
+            return 1.0  # independent replicas: nothing averages their steps
+        if self.mix_gradients:
+            p, m = self.peers, self.weight
+            return world_size * ((1 - p * m) ** 2 + p * m * m)
+        return float(world_size)
 
     @property
     def weight(self) -> float:
@@ -182,8 +202,14 @@ class _GossipRunner(PolicyRunner):
                                                    name="gossip_rounds")
         strategy.state.sync_rounds = self.rounds
         self.consensus_distance = None
+        self.lr_factor = None  # resolved at the first traced step
 
     def update_step(self, optimizer, grads, variables, learning_rate):
+        if self.lr_factor is None:
+            self.lr_factor = lr_scaling.resolve(
+                self.policy, optimizer, self.policy.noise_ratio(self.world_size),
+                self.policy.sqrt_lr_scaling)
+        learning_rate = lr_scaling.scaled(learning_rate, self.lr_factor)
         step = tf.cast(optimizer.iterations, tf.int64)
         context = tf.distribute.get_replica_context()
         if self.policy.mix_gradients and self.policy.weight:

@@ -38,6 +38,12 @@ again through the parameters). The compressor's warm-up counts rounds, and
 the warm-up steps of the policy all-reduce gradients through the same
 compressor.
 
+Each replica's optimizer steps on the gradient of its own batch (1 / N of
+the global one). With an optimizer that normalizes the gradient (Adam,
+RMSprop, ...) the learning rate of the local steps is multiplied by sqrt(N)
+(`sqrt_lr_scaling`, `tfdist_ext.sync.lr_scaling`), so the averaged model
+moves as synchronous training's does; SGD needs no change.
+
 Tuning: H = 2-8 keeps accuracy close to synchronous SGD for small models;
 larger H saves more but needs a warm-up of synchronous steps (a few epochs)
 and a smaller learning rate. With plain SGD and H = 1, local SGD equals
@@ -53,6 +59,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import boolean, positive_int
+from tfdist_ext.sync import lr_scaling
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
@@ -118,6 +125,10 @@ class LocalSGD(SyncPolicy):
         outer_learning_rate: lr above, > 0, or None: chosen from the inner
             optimizer at the first step (`outer_settings`).
         outer_momentum: m above, in [0, 1), or None (as `outer_learning_rate`).
+        sqrt_lr_scaling: Multiply the learning rate of the local steps by
+            sqrt(N) when the optimizer normalizes the gradient
+            (`tfdist_ext.sync.lr_scaling`); plain averaging only (an outer
+            optimizer's settings are tuned for the inner steps as given).
     """
 
     period: int = 4
@@ -126,6 +137,7 @@ class LocalSGD(SyncPolicy):
     outer_optimizer: str = "none"
     outer_learning_rate: float = 1.0
     outer_momentum: float = 0.0
+    sqrt_lr_scaling: bool = True
     communicates = "parameters every `period` steps"
     divergence_advice = ("lower `period` (e.g. 2) or add `warmup_steps` (an epoch of "
                          "synchronous steps)")
@@ -134,6 +146,7 @@ class LocalSGD(SyncPolicy):
         positive_int("period", self.period)
         positive_int("warmup_steps", self.warmup_steps, minimum=0)
         boolean("average_slots", self.average_slots)
+        boolean("sqrt_lr_scaling", self.sqrt_lr_scaling)
         if self.outer_optimizer not in OUTER_OPTIMIZERS:
             raise ValueError(
                 f"Argument `outer_optimizer` must be one of "
@@ -208,10 +221,14 @@ class _LocalSGDRunner(PolicyRunner):
         self._anchored = []  # the variables whose anchors exist, in key order
         self.outer = None  # (learning rate, momentum), resolved at the first traced step
         self._num_slots = 0  # the averaged slots come last in the averaged list
+        self.lr_factor = None  # resolved at the first traced step
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         if self.outer is None:
             self.outer = outer_settings(self.policy, optimizer)
+            self.lr_factor = lr_scaling.resolve(
+                self.policy, optimizer, self.world_size,
+                self.policy.sqrt_lr_scaling and not self.policy.sends_changes)
         grads = dense_gradients(grads)
         step = tf.cast(optimizer.iterations, tf.int64)
         scale = float(self.world_size)
@@ -221,6 +238,10 @@ class _LocalSGDRunner(PolicyRunner):
             grads = replica.merge_call(self._warmup_merge, args=(step, grads, local))
         else:
             grads = local
+        if self.lr_factor != 1.0:
+            scaled = lr_scaling.scaled(learning_rate, self.lr_factor)
+            learning_rate = (tf.where(step < self.policy.warmup_steps, learning_rate, scaled)
+                             if self.policy.warmup_steps else scaled)
         self.apply(optimizer, grads, variables, learning_rate)
         averaged = list(variables)
         slots = _compat.optimizer_slots(optimizer) if self.policy.average_slots else []
