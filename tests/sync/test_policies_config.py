@@ -27,7 +27,8 @@ def test_every_policy_has_a_name_with_defaults(name, cls):
     (lambda: sync.ModelAveraging(learners_per_device=0),
      r"`learners_per_device` must be an integer >= 1; received 0"),
     (lambda: sync.ModelAveraging(alpha=1.5), r"`alpha` must be in \(0, 1\] or None"),
-    (lambda: sync.ModelAveraging(momentum=1.0), r"`momentum` must be in \[0, 1\); received 1.0"),
+    (lambda: sync.ModelAveraging(momentum=1.0),
+     r"`momentum` must be in \[0, 1\) or None \(0.9, or 0 with SGD \+ momentum\); received 1.0"),
     (lambda: sync.get({"name": "local_sgd", "periods": 3}), r"periods"),
 ])
 def test_bad_policy_arguments_are_rejected(policy, message):

@@ -241,6 +241,7 @@ def _weights_after(sync_, learning_rate, epochs=1):
     ({"name": "local_sgd", "period": 2, "warmup_steps": 100}, 3),
     ({"name": "delayed_averaging", "delay": 1}, 5),
     ({"name": "gossip", "topology": "ring"}, 3),
+    ({"name": "model_averaging", "learners_per_device": 2}, 6),
 ])
 def test_adam_steps_with_the_square_root_scaled_learning_rate(sync_, ratio, caplog):
     """3 replicas, Adam: the default run equals an unscaled run at sqrt(ratio) times the rate."""
@@ -269,3 +270,16 @@ def test_sgd_and_outer_steps_are_not_rescaled():
     strategy = tfdist_ext.Strategy(sync={"name": "diloco", "period": 2}, num_replicas=2)
     _fit(strategy, lambda: keras.optimizers.Adam(1e-3))
     assert strategy.sync_runner.lr_factor == 1.0
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    (keras.optimizers.SGD(0.1), 0.9),
+    (keras.optimizers.SGD(0.1, momentum=0.9), 0.0),
+    (keras.optimizers.Adam(1e-3), 0.9),
+    (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.5)), 0.0),
+])
+def test_model_averaging_central_momentum_follows_the_optimizer(optimizer, expected, caplog):
+    with caplog.at_level(logging.INFO, logger="tfdist_ext"):
+        assert sync.ModelAveraging().central_momentum(optimizer) == expected
+    assert f"sync='model_averaging': central momentum {expected:g}, chosen for the" in caplog.text
+    assert sync.ModelAveraging(momentum=0.5).central_momentum(optimizer) == 0.5

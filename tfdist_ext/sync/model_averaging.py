@@ -27,22 +27,38 @@ learners), stores the result back, and finally writes z. The batch is split
 in contiguous slices: learner j gets rows [j * B // k, (j + 1) * B // k).
 `optimizer.iterations` still counts batches.
 
-Tuning: alpha defaults to 1 / K (the paper's choice). Crossbow's learners use
-plain SGD with the momentum on the central model (`momentum`, default 0.9);
-use small per-learner batches (the point of the method) and the learning rate
-of synchronous training at that small batch.
+Defaults for the user's optimizer: Crossbow's learners use plain SGD with the
+momentum on the central model (0.9). With SGD + momentum the learners'
+updates already carry momentum, and a second one on z compounds it, so the
+central momentum is 0 then (`central_momentum`, chosen at the first step and
+logged). Each learner's optimizer steps on the gradient of 1 / (N k) of the
+global batch; an optimizer that normalizes the gradient (Adam, RMSprop, ...)
+gets its learning rate multiplied by sqrt(N k) (`sqrt_lr_scaling`,
+`tfdist_ext.sync.lr_scaling`), plain and momentum SGD none.
+
+Tuning: alpha defaults to 1 / K (the paper's choice). One learner per replica
+(the default) keeps synchronous training's accuracy with SGD, momentum SGD
+and Adam at its learning rate; more learners (the point of Crossbow on a
+GPU, k = 2-4) split the replica's batch into small ones, which needs the
+learning rate of synchronous training at that small batch and costs
+accuracy with BatchNormalization (docs/results.md#every-mode-with-the-users-optimizer-modes-matrix-2026-11-27).
 """
 
 import dataclasses
+import logging
 import threading
 from typing import Optional
 
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.registry import positive_int
+from tfdist_ext.registry import boolean, positive_int
+from tfdist_ext.sync import local_sgd, lr_scaling
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, tf_variable
+
+log = logging.getLogger("tfdist_ext")
+CROSSBOW_MOMENTUM = 0.9  # the central model's momentum in Crossbow, for plain-SGD learners
 
 
 @SYNC_POLICIES.register("model_averaging")
@@ -53,14 +69,18 @@ class ModelAveraging(SyncPolicy):
     Args:
         learners_per_device: k >= 1 learners per replica.
         alpha: Correction strength in (0, 1]; None means 1 / (total learners).
-        momentum: Momentum of the central model in [0, 1).
+        momentum: Momentum of the central model in [0, 1); None: 0.9, or 0
+            when the optimizer is SGD with momentum (`central_momentum`).
+        sqrt_lr_scaling: Multiply a normalizing optimizer's learning rate
+            by sqrt(N k) (module doc); False keeps it as given.
     """
 
-    learners_per_device: int = 2
+    learners_per_device: int = 1
     alpha: Optional[float] = None
-    momentum: float = 0.9
+    momentum: Optional[float] = None
+    sqrt_lr_scaling: bool = True
     communicates = "model corrections every step"
-    divergence_advice = "lower `momentum` (e.g. 0.5) or `learners_per_device` (1)"
+    divergence_advice = "lower `momentum` (e.g. 0.5), `learners_per_device` or the learning rate"
 
     def __post_init__(self):
         positive_int("learners_per_device", self.learners_per_device)
@@ -68,9 +88,24 @@ class ModelAveraging(SyncPolicy):
                                            and 0 < self.alpha <= 1):
             raise ValueError(f"Argument `alpha` must be in (0, 1] or None (1 / total "
                              f"learners); received {self.alpha!r}.")
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
-            raise ValueError(f"Argument `momentum` must be in [0, 1); received "
-                             f"{self.momentum!r}.")
+        if self.momentum is not None and not (
+                isinstance(self.momentum, (int, float)) and not isinstance(self.momentum, bool)
+                and 0 <= self.momentum < 1):
+            raise ValueError(f"Argument `momentum` must be in [0, 1) or None (0.9, or 0 with "
+                             f"SGD + momentum); received {self.momentum!r}.")
+        boolean("sqrt_lr_scaling", self.sqrt_lr_scaling)
+
+    def central_momentum(self, optimizer) -> float:
+        """The central model's momentum: `momentum`, or chosen from `optimizer` if None."""
+        if self.momentum is not None:
+            return float(self.momentum)
+        inner = local_sgd.sgd_momentum(optimizer)
+        chosen = 0.0 if inner > 0 else CROSSBOW_MOMENTUM
+        log.info("tfdist_ext: sync=%r: central momentum %g, chosen for the %s%s (pass "
+                 "momentum= to set it).", self.name, chosen,
+                 type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
+                 f" with momentum {inner:g}" if inner else "")
+        return chosen
 
     def runner(self, strategy):
         return _ModelAveragingRunner(strategy, self)
@@ -83,7 +118,9 @@ class _ModelAveragingRunner(PolicyRunner):
         super().__init__(strategy)
         self.k = policy.learners_per_device
         self.alpha = policy.alpha or 1.0 / (self.k * self.world_size)
-        self.momentum = policy.momentum
+        self.policy = policy
+        self.momentum = None  # the central momentum and the learning-rate factor,
+        self.lr_factor = None  # resolved at the first traced step
         self._lock = threading.Lock()
         self.learners = {}  # (variable index) -> [replica][learner] variables
         self.previous = {}  # (variable index) -> [replica] z_prev
@@ -119,7 +156,17 @@ class _ModelAveragingRunner(PolicyRunner):
 
         return learners_step
 
+    def update_step(self, optimizer, grads, variables, learning_rate):
+        """A learner's local step, at the square-root scaled rate (module doc)."""
+        super().update_step(optimizer, grads, variables,
+                            lr_scaling.scaled(learning_rate, self.lr_factor))
+
     def _step(self, model, train_step, data):
+        if self.momentum is None:
+            self.momentum = self.policy.central_momentum(model.optimizer)
+            self.lr_factor = lr_scaling.resolve(self.policy, model.optimizer,
+                                                self.world_size * self.k,
+                                                self.policy.sqrt_lr_scaling)
         model_variables = [tf_variable(v) for v in model.trainable_variables]
         replica = self.local_index()
         copies = [self._copies(i, v) for i, v in enumerate(model_variables)]
