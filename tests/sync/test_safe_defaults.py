@@ -125,7 +125,17 @@ def test_guard_thresholds():
     ("stale_synchronous", None, keras.optimizers.SGD(0.1), []),
     ("stale_synchronous", None, keras.optimizers.Adam(), []),
     ("diloco", "none", keras.optimizers.SGD(0.1, momentum=0.9), []),
-    ("sync", "powersgd", keras.optimizers.SGD(0.1, momentum=0.9), []),
+    ("sync", "powersgd", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='powersgd' with SGD(momentum=0.9): error feedback"]),
+    ("sync", "powersgd", keras.optimizers.Adam(), []),
+    ("sync", "topk", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='topk' with SGD(momentum=0.9): error feedback sends each value late"]),
+    ("sync", {"name": "topk", "momentum": 0.9}, keras.optimizers.SGD(0.1), []),
+    ("sync", "topk", keras.optimizers.SGD(0.1), []),
+    ("sync", "topk", keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
+     ["compression='topk' with Adam: each value is sent a few times"]),
+    ("sync", "topk", keras.optimizers.RMSprop(), ["compression='topk' with RMSprop"]),
+    ("local_sgd", None, keras.optimizers.Adam(), []),
 ])
 def test_momentum_cautions_name_the_mode_the_cost_and_the_safer_choice(sync_, compression,
                                                                        optimizer, expected):

@@ -135,6 +135,8 @@ class Compressor:
     #: What SGD with momentum costs under the compressor and the safer choice, where
     #: measured (`keras.optimizer_check` warns with it when `fit` starts); "" when safe.
     momentum_caution = ""
+    #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
+    adam_caution = ""
 
     def __post_init__(self):
         owner = type(self).__name__

@@ -6,8 +6,9 @@ scripts bring: stale gradients and late error-feedback residuals add to the
 momentum (Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
 application to deep learning", 2016). Each `SyncPolicy` and `Compressor` states
 what it costs with momentum SGD, and the safer choice, in `momentum_caution`
-("" when measured safe); the optimizer is known only once the model is
-compiled, so `OptimizerCheck` (added first to `fit`'s callbacks by
+("" when measured safe), and with Adam-like optimizers in `adam_caution`; the
+optimizer is known only once the model is compiled, so `OptimizerCheck`
+(added first to `fit`'s callbacks by
 `Strategy.fit_callbacks`) warns at `on_train_begin`, before the first step,
 once per strategy.
 """
@@ -18,7 +19,7 @@ from typing import List
 
 import keras
 
-from tfdist_ext.sync import local_sgd
+from tfdist_ext.sync import local_sgd, lr_scaling
 
 log = logging.getLogger("tfdist_ext")
 
@@ -36,15 +37,19 @@ def cautions(sync, compressor, optimizer) -> List[str]:
         optimizer: The model's Keras optimizer (None: nothing to say).
     """
     momentum = local_sgd.sgd_momentum(optimizer)
-    if momentum <= 0:
+    if momentum > 0:
+        attribute, described = "momentum_caution", f"SGD(momentum={momentum:g})"
+    elif lr_scaling.normalizes_gradient(optimizer):
+        attribute = "adam_caution"
+        described = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+    else:
         return []
     found = []
     for option, mode in (("sync", sync), ("compression", compressor)):
-        text = getattr(mode, "momentum_caution", "")
+        text = getattr(mode, attribute, "")
         if text:
             name = getattr(mode, "name", type(mode).__name__)
-            found.append(f"tfdist_ext: {option}={name!r} with SGD(momentum={momentum:g}): "
-                         f"{text}.")
+            found.append(f"tfdist_ext: {option}={name!r} with {described}: {text}.")
     return found
 
 

@@ -26,6 +26,8 @@ class SyncPolicy:
     #: What SGD with momentum costs under the policy and the safer choice, where measured
     #: (`keras.optimizer_check` warns with it when `fit` starts); "" when it is safe.
     momentum_caution = ""
+    #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
+    adam_caution = ""
 
     def check_compression(self, compressor) -> None:
         """Raises ValueError when `compressor` cannot work with this policy.
