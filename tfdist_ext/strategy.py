@@ -26,99 +26,14 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, cluster, compression, coordination, early, liveness, startup
 from tfdist_ext.collectives import calibration, choice, ucx_engine
-from tfdist_ext.cross_device_ops import CrossDeviceOps
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
 from tfdist_ext.strategy_config import StrategyConfig
+from tfdist_ext.strategy_extended import KEY_BASE, KEY_SPAN, Extended
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
-
-# Collective group keys: TF's stock strategies count from 1; each tfdist_ext
-# Strategy instance owns [base, base + _KEY_SPAN), TF's CollectiveKeys in the
-# lower half and the plugin's own point-to-point groups in the upper half; the
-# upper quarter of each half serves background reductions (sync policies).
-_KEY_BASE = 100_000
-_KEY_SPAN = 20_000
-
-
-LATE_START = (
-    "tfdist_ext.Strategy() with TF_CONFIG must configure TensorFlow before it runs "
-    "anything, but this process already ran TensorFlow (an op, a tensor or a device "
-    "query) before tfdist_ext could prepare it (TF: 'Collective ops must be configured "
-    "at program startup'). Fix: put `import tfdist_ext` before the first TensorFlow op, "
-    "e.g. among the script's first imports; when TF_CONFIG is set later in the program, "
-    "call `tfdist_ext.early.prepare()` right after setting it.")
-
-
-class _Extended(_compat.CollectiveAllReduceExtended):
-    """MWMS internals with tfdist_ext cross-device ops swapped in."""
-
-    def __init__(self, container_strategy, config, devices, cluster_resolver=None):
-        self.tfdist_config = config
-        super().__init__(container_strategy, cluster_resolver=cluster_resolver,
-                         communication_options=config.communication_options(),
-                         devices=devices)
-
-    def _initialize_local(self, cluster_resolver, devices=None):
-        super()._initialize_local(cluster_resolver, devices=devices)
-        self._install_cross_device_ops()
-
-    def _initialize_multi_worker(self, cluster_resolver):
-        if _compat.collective_ops_enabled():
-            # Enabled by `tfdist_ext.early` or an earlier strategy (see
-            # _compat.collective_ops_enabled); TF's own check applies as for a
-            # strategy that enabled them itself.
-            self._std_server_started = True
-            self._enable_check_health = not _compat.coordination_service_configured()
-        elif _compat.context_initialized():
-            raise RuntimeError(LATE_START)
-        super()._initialize_multi_worker(cluster_resolver)
-        self._install_cross_device_ops()
-
-    def _install_cross_device_ops(self):
-        native = self._cross_device_ops
-        self._cross_device_ops = CrossDeviceOps(
-            native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
-            self._collective_keys, self.tfdist_config, worker_index=self._id_in_cluster,
-            pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2)
-        self._background_ops = None
-
-    @property
-    def cross_device_ops(self):
-        """The routing `CrossDeviceOps` every reduction of this strategy goes through."""
-        return self._cross_device_ops
-
-    def background_cross_device_ops(self):
-        """Cross-device ops for reductions that run concurrently with the main thread's.
-
-        Same devices and algorithms, but their own group keys (the upper quarter
-        of each half of the strategy's key range), so instance keys drawn on a
-        background thread never interleave with the main thread's.
-        """
-        if self._background_ops is None:
-            main = self._cross_device_ops
-            quarter = _KEY_SPAN // 4
-            self._background_ops = CrossDeviceOps(
-                main._devices, main._group_size, self._communication_options,  # pylint: disable=protected-access
-                _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
-                self.tfdist_config, worker_index=self._id_in_cluster,
-                pair_group_key_base=self._collective_key_base + _KEY_SPAN // 2 + quarter,
-                engine_role="background")
-            # "auto" decides from the model here: timing on the background thread
-            # would run beside the main thread's steps.
-            self._background_ops.calibration = main.calibration
-        return self._background_ops
-
-    def _reduce_to(self, reduce_op, value, destinations, options):
-        # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).
-        if not _compat.is_distributed_value(value) and _compat.nest.is_nested(value):
-            return _compat.nest.map_structure(
-                lambda v: super(_Extended, self)._reduce_to(reduce_op, v, destinations,
-                                                            options), value)
-        return super()._reduce_to(reduce_op, value, destinations, options)
-
 
 class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     """Data-parallel training with a choice of how gradients travel.
@@ -175,10 +90,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         devices = cluster.replica_devices(num_replicas, spec)
         resolver = roles.serve_or_resolver(spec, config.sync)
         # TF's CollectiveAllReduceExtended reads the key base off the container.
-        self._collective_key_base = _KEY_BASE + _KEY_SPAN * next(Strategy._key_counter)
+        self._collective_key_base = KEY_BASE + KEY_SPAN * next(Strategy._key_counter)
         early.release()  # this strategy's own startup_timeout bounds the join
         with startup.join_within(startup_timeout, spec):
-            _compat.strategy_init(self, _Extended(self, config, devices, resolver))
+            _compat.strategy_init(self, Extended(self, config, devices, resolver))
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
@@ -367,7 +282,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     @property
     def collective_key_range(self):
         """(first, last + 1) collective group keys this strategy may use."""
-        return (self._collective_key_base, self._collective_key_base + _KEY_SPAN)
+        return (self._collective_key_base, self._collective_key_base + KEY_SPAN)
 
     def reduce(self, reduce_op, value, axis=None):
         """`tf.distribute.Strategy.reduce`, accepting nests and per-replica scalars.

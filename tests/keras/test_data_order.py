@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT
-from tfdist_ext import strategy as strategy_module
+from tfdist_ext import strategy_extended
 from tfdist_ext.keras import data_order
 from tfdist_ext.launch import free_ports, tf_configs
 
@@ -48,7 +48,7 @@ def test_a_strategy_after_tensorflow_ran_names_the_fix():
     result = subprocess.run([sys.executable, "-c", program], env=env, cwd=ROOT, text=True,
                             capture_output=True, timeout=120, check=False)
     assert result.returncode == 1
-    assert strategy_module.LATE_START in result.stderr
+    assert strategy_extended.LATE_START in result.stderr
     assert "put `import tfdist_ext` before the first TensorFlow op" in result.stderr
     assert "tfdist_ext.early.prepare()" in result.stderr
 

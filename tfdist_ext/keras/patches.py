@@ -64,7 +64,7 @@ the file-writing callbacks of one `fit`, set and restored by
 `worker_callbacks.for_this_worker`; TF's SIGTERM handler, replaced by
 `preemption.Preemption.install_handler` (from `Strategy.__init__`); and
 `CollectiveAllReduceExtended._reduce_to` (TF), overridden by subclassing in
-`tfdist_ext.strategy._Extended` (keras-team/keras#20585).
+`tfdist_ext.strategy_extended.Extended` (keras-team/keras#20585).
 """
 
 import threading

@@ -193,15 +193,15 @@ class _AsyncRunner(PolicyRunner):
                     "keeps them so).")
         sizes = [v.shape.num_elements() for v in variables]
         self.shards = sharding.shard(sizes, len(self.servers))
-        self.slots = _optimizer_layout(model, self.shards,
-                                       self._server_optimizer(model.optimizer))
+        server_optimizer = self._server_optimizer(model.optimizer)
+        self.slots = _optimizer_layout(model, self.shards, server_optimizer)
         devices = self.cross_ops.devices
         with _compat.init_scope():
             self.clients = [_Client(self.servers, self.first_rank + i, self.session,
                                     self.policy.timeout_seconds, devices[i])
                             for i in range(self.num_local)]
         if self.first_rank == 0:
-            self._initialize_servers(model, variables)
+            self._initialize_servers(model, variables, server_optimizer)
         self._pull(model, wire.PULL)
         log.info("tfdist_ext: sync='async' over %d parameter server(s) %s; variables per "
                  "server %s", len(self.servers), self.servers, [len(s) for s in self.shards])
@@ -215,8 +215,11 @@ class _AsyncRunner(PolicyRunner):
             config = momentum.compensated_config(config, self.world_size - 1)
         return config
 
-    def _initialize_servers(self, model, variables):
-        optimizer = self._server_optimizer(model.optimizer)
+    def _initialize_servers(self, model, variables, optimizer):
+        """Sends each server its shard's layout, values and (restored) optimizer state.
+
+        `optimizer` is the servers' optimizer config (`_server_optimizer`).
+        """
         # A restored (or reused) optimizer's state goes to the servers too.
         restored = int(model.optimizer.iterations.numpy()) > 0
         chief = self.clients[0]

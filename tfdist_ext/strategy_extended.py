@@ -1,0 +1,94 @@
+"""The `StrategyExtended` of `tfdist_ext.Strategy`: MWMS internals with our cross-device ops.
+
+`Extended` subclasses TF's `CollectiveAllReduceExtended` (through `_compat`)
+and swaps tfdist_ext's `CrossDeviceOps` in where TF would build its own, for
+the main thread and for the background reductions of the sync policies. It
+also repairs `_reduce_to` on a nest of values (keras-team/keras#20585, part 1).
+"""
+
+from tfdist_ext import _compat
+from tfdist_ext.cross_device_ops import CrossDeviceOps
+
+# Collective group keys: TF's stock strategies count from 1; each tfdist_ext
+# Strategy instance owns [base, base + KEY_SPAN), TF's CollectiveKeys in the
+# lower half and the plugin's own point-to-point groups in the upper half; the
+# upper quarter of each half serves background reductions (sync policies).
+KEY_BASE = 100_000
+KEY_SPAN = 20_000
+
+
+LATE_START = (
+    "tfdist_ext.Strategy() with TF_CONFIG must configure TensorFlow before it runs "
+    "anything, but this process already ran TensorFlow (an op, a tensor or a device "
+    "query) before tfdist_ext could prepare it (TF: 'Collective ops must be configured "
+    "at program startup'). Fix: put `import tfdist_ext` before the first TensorFlow op, "
+    "e.g. among the script's first imports; when TF_CONFIG is set later in the program, "
+    "call `tfdist_ext.early.prepare()` right after setting it.")
+
+
+class Extended(_compat.CollectiveAllReduceExtended):
+    """MWMS internals with tfdist_ext cross-device ops swapped in."""
+
+    def __init__(self, container_strategy, config, devices, cluster_resolver=None):
+        self.tfdist_config = config
+        super().__init__(container_strategy, cluster_resolver=cluster_resolver,
+                         communication_options=config.communication_options(),
+                         devices=devices)
+
+    def _initialize_local(self, cluster_resolver, devices=None):
+        super()._initialize_local(cluster_resolver, devices=devices)
+        self._install_cross_device_ops()
+
+    def _initialize_multi_worker(self, cluster_resolver):
+        if _compat.collective_ops_enabled():
+            # Enabled by `tfdist_ext.early` or an earlier strategy (see
+            # _compat.collective_ops_enabled); TF's own check applies as for a
+            # strategy that enabled them itself.
+            self._std_server_started = True
+            self._enable_check_health = not _compat.coordination_service_configured()
+        elif _compat.context_initialized():
+            raise RuntimeError(LATE_START)
+        super()._initialize_multi_worker(cluster_resolver)
+        self._install_cross_device_ops()
+
+    def _install_cross_device_ops(self):
+        native = self._cross_device_ops
+        self._cross_device_ops = CrossDeviceOps(
+            native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
+            self._collective_keys, self.tfdist_config, worker_index=self._id_in_cluster,
+            pair_group_key_base=self._collective_key_base + KEY_SPAN // 2)
+        self._background_ops = None
+
+    @property
+    def cross_device_ops(self):
+        """The routing `CrossDeviceOps` every reduction of this strategy goes through."""
+        return self._cross_device_ops
+
+    def background_cross_device_ops(self):
+        """Cross-device ops for reductions that run concurrently with the main thread's.
+
+        Same devices and algorithms, but their own group keys (the upper quarter
+        of each half of the strategy's key range), so instance keys drawn on a
+        background thread never interleave with the main thread's.
+        """
+        if self._background_ops is None:
+            main = self._cross_device_ops
+            quarter = KEY_SPAN // 4
+            self._background_ops = CrossDeviceOps(
+                main._devices, main._group_size, self._communication_options,  # pylint: disable=protected-access
+                _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
+                self.tfdist_config, worker_index=self._id_in_cluster,
+                pair_group_key_base=self._collective_key_base + KEY_SPAN // 2 + quarter,
+                engine_role="background")
+            # "auto" decides from the model here: timing on the background thread
+            # would run beside the main thread's steps.
+            self._background_ops.calibration = main.calibration
+        return self._background_ops
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).
+        if not _compat.is_distributed_value(value) and _compat.nest.is_nested(value):
+            return _compat.nest.map_structure(
+                lambda v: super(Extended, self)._reduce_to(reduce_op, v, destinations,
+                                                            options), value)
+        return super()._reduce_to(reduce_op, value, destinations, options)
