@@ -59,7 +59,8 @@ def parse_args(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--records", default=None,
-                        help="comma-separated --json files: summarize them instead of running")
+                        help="comma-separated --json files: summarize them instead of running "
+                             "(a later file's run of the same cell, mode and seed wins)")
     parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -232,8 +233,13 @@ def main(argv=None):
         run_cell(json.loads(args.cell))
         return 0
     if args.records:
-        records = [r for p in args.records.split(",")
-                   for r in json.loads(pathlib.Path(p).read_text())["records"]]
+        # A later file's run of the same (dataset, optimizer, world, mode, seed) replaces
+        # an earlier one's: rerun the modes that changed and list the new file last.
+        latest = {}
+        for p in args.records.split(","):
+            for r in json.loads(pathlib.Path(p).read_text())["records"]:
+                latest[(r["dataset"], r["optimizer"], r["world"], r["mode"], r["seed"])] = r
+        records = list(latest.values())
     else:
         records, modes = [], args.modes.split(",")
         in_process = ["sync"] + [m for m in modes if m not in PROCESS_MODES]

@@ -155,12 +155,17 @@ def test_modes_matrix_summarizes_marks_warnings_and_fails_unwarned_losses(tmp_pa
                                                         error="DivergenceError: ...")]
     source, out, plot = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "m.png"
     source.write_text(json.dumps({"records": records}))
+    rerun = tmp_path / "rerun.json"  # gossip again: its runs replace the first file's
+    rerun.write_text(json.dumps({"records": [record("gossip", 0, 0.91),
+                                             record("gossip", 1, 0.81)]}))
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "modes_matrix.py"),
-                             "--records", str(source), "--json", str(out), "--plot", str(plot)],
+                             "--records", f"{source},{rerun}", "--json", str(out),
+                             "--plot", str(plot)],
                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert result.returncode == 1, result.stdout + result.stderr  # the diverged cell
     rows = {(r["optimizer"], r["mode"]): r for r in json.loads(out.read_text())["summary"]}
-    assert rows["momentum", "gossip"]["points_vs_sync"] == pytest.approx(-0.5)
+    assert rows["momentum", "gossip"]["points_vs_sync"] == pytest.approx(1.0)
+    assert rows["momentum", "gossip"]["seeds"] == 2
     assert rows["momentum", "topk"]["points_vs_sync"] == pytest.approx(-10.0)
     assert rows["momentum", "topk"]["warned"] and not rows["momentum", "gossip"]["warned"]
     assert rows["adam", "local_sgd"]["errors"]
