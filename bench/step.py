@@ -51,6 +51,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import step_torch  # noqa: E402  (bench/, on the path above)
 
 SYSTEMS = ("keras", "keras_xla", "tfdist", "tfdist_xla", "torch_ddp", "keras_jax")
 EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2")
@@ -165,62 +168,20 @@ def keras_worker(args, system, world):
     torch_rank = None
     if scope is not None and args.paired_ddp and system == "tfdist":
         torch_rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-        if not _join_torch(args, torch_rank, world):
+        if not step_torch.join(args, torch_rank, world):
             torch_rank = None
     for name in args.models.split(","):
         runs = {name: _keras_runner(keras, tf, name, args, world, scope, jit)}
         if scope is not None and world == 1:
             runs[f"{name}@keras"] = _keras_runner(keras, tf, name, args, world, None, jit)
         if torch_rank is not None:
-            runs[f"{name}@torch_ddp"] = _torch_runner(name, args, torch_rank)
+            runs[f"{name}@torch_ddp"] = step_torch.runner(name, args, torch_rank)
         for key in runs:
             results[key] = []
         for _ in range(args.repeats):
             for key, run in runs.items():
                 results[key].append(measure_ms(run, args))
     return results
-
-
-def _torch_model(torch, name):
-    nn = torch.nn
-    if name == "mlp":
-        return nn.Sequential(nn.Linear(40, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                             nn.Linear(1024, 10))
-    return nn.Sequential(nn.Unflatten(1, (1, 40)),
-                         nn.Conv1d(1, 32, 5, padding=2), nn.ReLU(),
-                         nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(320, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def _torch_runner(name, args, rank):
-    """`run(skip, steps)` -> seconds: DDP training steps of model `name` (group joined)."""
-    import torch  # pylint: disable=import-outside-toplevel
-
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(_torch_model(torch, name))
-    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    rng = np.random.default_rng(rank)
-    x = torch.tensor(rng.normal(size=(4096, 40)).astype("float32"))
-    y = torch.tensor(rng.integers(0, 10, size=4096))
-    position = [0]
-
-    def run(skip, steps):
-        for step in range(skip + steps):
-            if step == skip:
-                start_time = time.perf_counter()
-            start = position[0] % (len(x) - args.batch)
-            position[0] += args.batch
-            optimizer.zero_grad()
-            loss = loss_fn(model(x[start:start + args.batch]), y[start:start + args.batch])
-            loss.backward()
-            optimizer.step()
-        loss.item()
-        return time.perf_counter() - start_time
-
-    run(0, args.warmup)
-    return run
 
 
 def torch_worker(args):
@@ -231,24 +192,10 @@ def torch_worker(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in args.models.split(","):
-        run = _torch_runner(name, args, rank)
+        run = step_torch.runner(name, args, rank)
         results[name] = [measure_ms(run, args) for _ in range(args.repeats)]
     dist.destroy_process_group()
     return rank, world, results
-
-
-def _join_torch(args, rank, world):
-    """Joins a Gloo group of the tfdist_ext workers (`--paired-ddp`); False without torch."""
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-        import torch.distributed as dist  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return False
-    if world > 1:  # torchrun's rule for co-located workers (OMP_NUM_THREADS=1)
-        torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
-                            world_size=world)
-    return True
 
 
 def worker_main(args):
