@@ -128,6 +128,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             ucx_timeout_seconds=config.allreduce.timeout_seconds,
             graph_timeout_seconds=self._options.timeout_seconds, role=engine_role)
         self._gradient_reduction = False
+        self._compression = None  # `compression_replaced`
         self._dense_only = False
         self._key_prefix = ""
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
@@ -312,10 +313,25 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
+    @property
+    def compression(self):
+        """The compressor of gradient reductions traced now (the config's, or a replacement)."""
+        return self._compression or self.config.compression
+
+    @contextlib.contextmanager
+    def compression_replaced(self, compressor):
+        """Gradient reductions traced within the block use `compressor` instead of the
+        config's (`keras.moved_momentum`: the config's with the optimizer's momentum)."""
+        previous, self._compression = self._compression, compressor
+        try:
+            yield
+        finally:
+            self._compression = previous
+
     def _gradient_reduction_of(self, replica_id, options):
         """A `compression.hooks.GradientReduction` for one replica's gradient all-reduce."""
         return hooks.GradientReduction(
-            self.config.compression, self.state, replica_id, self.first_rank + replica_id,
+            self.compression, self.state, replica_id, self.first_rank + replica_id,
             self._group_size,
             all_reduce=lambda t, name: self._reduce_buffer(t, replica_id, options, name),
             all_gather=lambda t, name: self._gather_in_scope(t, replica_id, options, name),

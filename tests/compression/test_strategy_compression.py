@@ -159,7 +159,7 @@ def test_momentum_correction_state_per_replica_and_in_the_sum():
         assert np.any(velocity[rank].numpy() != 0)
 
 
-def _fit_sgd(compression_option, momentum):
+def _fit_sgd(compression_option, momentum, with_model=False, scale_loss=False):
     import keras  # pylint: disable=import-outside-toplevel
 
     strategy = tfdist_ext.Strategy(num_replicas=2, compression=compression_option)
@@ -168,9 +168,50 @@ def _fit_sgd(compression_option, momentum):
     keras.utils.set_random_seed(3)
     with strategy.scope():
         model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=momentum), loss="mse")
+        optimizer = keras.optimizers.SGD(0.05, momentum=momentum)
+        if scale_loss:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, loss="mse")
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    return model.get_weights()
+    return (model.get_weights(), model) if with_model else model.get_weights()
+
+
+@pytest.mark.parametrize("scale_loss", [False, True])
+def test_top_k_takes_the_optimizers_momentum_as_dgc_would(scale_loss, caplog):
+    """compression="topk" + SGD(momentum=0.9) trains as explicit DGC with plain SGD."""
+    import logging  # pylint: disable=import-outside-toplevel
+
+    option = {"name": "topk", "ratio": 0.2}
+    with caplog.at_level(logging.INFO, logger="tfdist_ext"):
+        moved, model = _fit_sgd(option, 0.9, with_model=True, scale_loss=scale_loss)
+    explicit = _fit_sgd(dict(option, momentum=0.9), 0.0, scale_loss=scale_loss)
+    for ours, ref in zip(moved, explicit):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+    kept = _fit_sgd(dict(option, correct_momentum=False), 0.9)
+    assert not all(np.allclose(a, b, atol=1e-5) for a, b in zip(moved, kept))
+    sgd = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    assert sgd.momentum == 0.9  # the user's optimizer keeps its momentum
+    assert "compression='topk' with SGD(momentum=0.9): the momentum moves into the " \
+           "compressor (DGC's momentum correction, masking=True)" in caplog.text
+
+
+def test_moved_momentum_only_under_sync_with_feedback():
+    import keras  # pylint: disable=import-outside-toplevel
+    from tfdist_ext import compression  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.keras import moved_momentum  # pylint: disable=import-outside-toplevel
+
+    sgd = keras.optimizers.SGD(0.1, momentum=0.5)
+    assert moved_momentum.moved(compression.get("topk"), sgd).momentum == 0.5
+    assert moved_momentum.moved(compression.get("topk_approx"), sgd).momentum == 0.5
+    assert moved_momentum.moved(compression.get("topk"), keras.optimizers.SGD(0.1)) is None
+    assert moved_momentum.moved(compression.get("topk"), keras.optimizers.Adam()) is None
+    assert moved_momentum.moved(compression.get("powersgd"), sgd) is None
+    assert moved_momentum.moved(compression.get(
+        {"name": "topk", "error_feedback": False}), sgd) is None
+    assert moved_momentum.moved(compression.get(
+        {"name": "topk", "correct_momentum": False}), sgd) is None
+    with pytest.raises(ValueError, match=r"`correct_momentum` .*True or False"):
+        compression.get({"name": "topk", "correct_momentum": "yes"})
 
 
 def test_fit_with_momentum_correction_refuses_optimizer_momentum_and_sending_all_is_sgd():

@@ -128,7 +128,8 @@ def test_guard_thresholds():
     ("sync", "powersgd", keras.optimizers.SGD(0.1, momentum=0.9),
      ["compression='powersgd' with SGD(momentum=0.9): error feedback"]),
     ("sync", "powersgd", keras.optimizers.Adam(), []),
-    ("sync", "topk", keras.optimizers.SGD(0.1, momentum=0.9),
+    ("sync", "topk", keras.optimizers.SGD(0.1, momentum=0.9), []),  # DGC takes the momentum
+    ("sync", {"name": "topk", "correct_momentum": False}, keras.optimizers.SGD(0.1, momentum=0.9),
      ["compression='topk' with SGD(momentum=0.9): error feedback sends each value late"]),
     ("sync", {"name": "topk", "momentum": 0.9}, keras.optimizers.SGD(0.1), []),
     ("sync", "topk", keras.optimizers.SGD(0.1), []),

@@ -122,12 +122,16 @@ class Compressor:
             when > 0; the optimizer must then run without momentum.
         momentum_masking: With momentum correction, restart the momentum of
             every value sent (DGC's momentum factor masking).
+        correct_momentum: With `momentum` 0, take an SGD optimizer's
+            momentum into the compressor while `fit` runs under sync="sync"
+            (`tfdist_ext.keras.moved_momentum`); the sparsifiers' default.
     """
 
     error_feedback = False
     warmup_steps = 0
     momentum = 0.0
     momentum_masking = True
+    correct_momentum = False
     #: What to change when training diverges under the compressor (`keras.divergence`).
     divergence_advice = ("add `warmup_steps` (an epoch of uncompressed steps), send more "
                          "(PowerSGD `rank`, top-k/random-k `ratio`, QSGD `levels`) or use "
@@ -144,6 +148,7 @@ class Compressor:
         check_int(owner, "warmup_steps", self.warmup_steps, minimum=0)
         check_momentum(owner, self.momentum, self.error_feedback)
         check_bool(owner, "momentum_masking", self.momentum_masking)
+        check_bool(owner, "correct_momentum", self.correct_momentum)
 
     def reduce(self, bucket, comm, state):
         """The SUM over all replicas of `bucket.flat`, approximated (the hook).

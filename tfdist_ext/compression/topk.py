@@ -68,6 +68,11 @@ class TopK(SparseCompressor):
             replaces. False keeps the momentum (the dense limit is momentum
             SGD at the same rate); prefer masking with a raised rate.
             Defaults to True.
+        correct_momentum: With `momentum` 0 and a Keras SGD optimizer with
+            momentum m, apply momentum correction with m here and trace the
+            optimizer's step without momentum, while `fit` runs under
+            sync="sync" (`tfdist_ext.keras.moved_momentum`). Defaults to True;
+            False leaves the momentum in the optimizer (`fit` then warns).
     """
 
     ratio: float = 0.01
@@ -75,6 +80,7 @@ class TopK(SparseCompressor):
     warmup_steps: int = 0
     momentum: float = 0.0
     momentum_masking: bool = True
+    correct_momentum: bool = True
     adam_caution = (
         "each value is sent a few times in a hundred steps with what accumulated meanwhile, "
         "and Adam divides these bursts by their own magnitude, so values move less than "
@@ -86,15 +92,15 @@ class TopK(SparseCompressor):
     @property
     def momentum_caution(self):
         """Measured cost with momentum SGD when the momentum stays in the optimizer."""
-        if self.momentum:
+        if self.momentum or self.correct_momentum:
             return ""
         return ("error feedback sends each value late, and the late gradient adds to the "
                 "optimizer's momentum: on an MLP with BatchNormalization and Dropout "
                 "(make_classification, 2 replicas, 3 seeds) it ended 4.0 points below "
-                "synchronous momentum SGD (1.4 on scikit-learn's digits); safer: move the "
-                "momentum into the compressor, compression={'name': 'topk', 'momentum': 0.9} "
-                "with SGD(learning_rate, momentum=0.0) (DGC's momentum correction, 0.0 points "
-                "on the same model), or compression='adaptive'")
+                "synchronous momentum SGD (1.4 on scikit-learn's digits); safer: "
+                "correct_momentum=True (the default: DGC's momentum correction takes the "
+                "optimizer's momentum, 0.0 points on the same model), or "
+                "compression='adaptive'")
 
     def _select(self, flat, k, seed):
         return ops.top_k(flat, k)
@@ -121,6 +127,8 @@ class TopKApprox(SparseCompressor):
             to 0 (off).
         momentum_masking: DGC's momentum factor masking, as in `TopK`.
             Defaults to True.
+        correct_momentum: Take an SGD optimizer's momentum, as in `TopK`.
+            Defaults to True.
     """
 
     ratio: float = 0.01
@@ -129,6 +137,7 @@ class TopKApprox(SparseCompressor):
     warmup_steps: int = 0
     momentum: float = 0.0
     momentum_masking: bool = True
+    correct_momentum: bool = True
 
     def __post_init__(self):
         super().__post_init__()

@@ -35,7 +35,8 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdist_ext.keras import data_order, preemption, saving, uneven, worker_callbacks, xla
+from tfdist_ext.keras import (data_order, moved_momentum, preemption, saving, uneven,
+                              worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -54,7 +55,8 @@ def wrap_update_step(original):
     def update_step(self, grads, trainable_variables, learning_rate):
         runner = runner_of(self._distribution_strategy)  # pylint: disable=protected-access
         if runner is None:
-            return original(self, grads, trainable_variables, learning_rate)
+            with moved_momentum.while_tracing(self):
+                return original(self, grads, trainable_variables, learning_rate)
         return runner.update_step(self, grads, trainable_variables, learning_rate)
 
     return update_step
@@ -165,7 +167,7 @@ def wrap_fit(original):
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
             try:
-                with saving.inside_fit():
+                with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
             finally:
                 strategy.keep_logs_local(False)  # also when fit raised (sync="async")

@@ -41,7 +41,7 @@ Tuning: alpha defaults to 1 / K (the paper's choice). One learner per replica
 and Adam at its learning rate; more learners (the point of Crossbow on a
 GPU, k = 2-4) split the replica's batch into small ones, which needs the
 learning rate of synchronous training at that small batch and costs
-accuracy with BatchNormalization (docs/results.md#every-mode-with-the-users-optimizer-modes-matrix-2026-11-27).
+accuracy with BatchNormalization (the modes matrix in docs/results.md).
 """
 
 import dataclasses

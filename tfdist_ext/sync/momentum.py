@@ -54,8 +54,9 @@ _active = {}  # id(SGD) -> [the user's momentum, open blocks]
 
 
 @contextlib.contextmanager
-def momentum_while_tracing(optimizer, mean_staleness: float):
-    """Within the block, `optimizer`'s SGD momentum is the compensated one.
+def momentum_while_tracing(optimizer, mean_staleness: float, value=None):
+    """Within the block, `optimizer`'s SGD momentum is the compensated one
+    (or `value`, when given: 0.0 where the momentum moved into a compressor).
 
     Keras' SGD reads `momentum` when its update step is traced, so a train
     step traced inside the block keeps m' while the optimizer object (its
@@ -69,7 +70,8 @@ def momentum_while_tracing(optimizer, mean_staleness: float):
         return
     entry = _active.setdefault(id(sgd), [sgd.momentum, 0])
     if entry[1] == 0:
-        sgd.momentum = compensated(float(entry[0]), mean_staleness)
+        sgd.momentum = (compensated(float(entry[0]), mean_staleness) if value is None
+                        else float(value))
     entry[1] += 1
     try:
         yield
