@@ -106,6 +106,23 @@ def test_guard_thresholds():
     guard.on_train_batch_end(1, {"loss": 600.0})
     with pytest.raises(divergence.DivergenceError, match="the loss is inf"):
         guard.on_train_batch_end(2, {"loss": float("inf")})
+    collapse = divergence.DivergenceGuard("compression='sign'", "use int8")
+    collapse.on_train_begin()
+    collapse.on_train_batch_end(0, {"loss": 2.3})
+    for epoch, loss in enumerate([1.7, 1.3, 1.5, 2.5]):  # 1.5: noise; 2.5 < 2 x 1.3
+        collapse.on_epoch_begin(epoch)
+        collapse.on_epoch_end(epoch, {"loss": loss})
+    collapse.on_epoch_begin(4)
+    with pytest.raises(divergence.DivergenceError, match=(
+            r"under compression='sign' at epoch 5, its end: the epoch's mean loss 2\.7 rose "
+            r"above 2x the best epoch's 1\.3 and above the first batch's 2\.3: the model "
+            r"lost what it had learned\. .*To fix it: use int8")):
+        collapse.on_epoch_end(4, {"loss": 2.7})
+    slow = divergence.DivergenceGuard("sync='x'", "lower `y`")  # a loss that starts low
+    slow.on_train_batch_end(0, {"loss": 0.1})
+    slow.on_epoch_end(0, {"loss": 0.5})
+    slow.on_epoch_end(1, {"loss": 0.05})
+    slow.on_epoch_end(2, {"loss": 0.09})  # above 2x the best, but below the first
     negative = divergence.DivergenceGuard("sync='x'", "lower `y`")
     negative.on_train_batch_end(0, {"loss": -1.0})
     negative.on_train_batch_end(1, {"loss": 1e9})  # no scale to compare with
@@ -137,6 +154,14 @@ def test_guard_thresholds():
      ["compression='topk' with Adam: each value is sent a few times"]),
     ("sync", "topk", keras.optimizers.RMSprop(), ["compression='topk' with RMSprop"]),
     ("local_sgd", None, keras.optimizers.Adam(), []),
+    ("sync", "randomk", keras.optimizers.SGD(0.1), ["compression='randomk' with SGD: random-k"]),
+    ("sync", "terngrad", keras.optimizers.Adam(), ["compression='terngrad' with Adam: TernGrad"]),
+    ("sync", "terngrad", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='terngrad' with SGD(momentum=0.9): TernGrad"]),
+    ("sync", "sign", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='sign' with SGD(momentum=0.9): each value is sent as its sign"]),
+    ("sync", "sign", keras.optimizers.Adam(), []),
+    ("sync", "sign", keras.optimizers.SGD(0.1), []),
 ])
 def test_momentum_cautions_name_the_mode_the_cost_and_the_safer_choice(sync_, compression,
                                                                        optimizer, expected):

@@ -141,6 +141,8 @@ class Compressor:
     momentum_caution = ""
     #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
     adam_caution = ""
+    #: The same for every optimizer (said in place of the two above).
+    caution = ""
 
     def __post_init__(self):
         owner = type(self).__name__

@@ -7,7 +7,12 @@ printing `nan` for the rest of the run and save the ruined weights. Under such a
 mode `fit` gets `DivergenceGuard` first in its callbacks (by
 `Strategy.fit_callbacks`): after every training batch it reads the logged loss
 and raises `DivergenceError`, naming the mode and the option to change, when the
-loss is NaN or infinite, or above `EXPLODE_FACTOR` times the first batch's loss.
+loss is NaN or infinite, or above `EXPLODE_FACTOR` times the first batch's loss;
+after every epoch it also raises when the epoch's mean loss has risen above
+`COLLAPSE_FACTOR` times the best epoch's and above the first batch's: the
+model lost what it had learned (measured: sign compression with momentum SGD
+climbs back to the chance loss and stays there, accuracy at chance, with no
+NaN and no loss above 2x the first).
 
 The loss it reads is the one Keras logs: under relaxed modes, this worker's
 (`Strategy.worker_local_reductions`). A NaN reaches every worker within one
@@ -27,6 +32,7 @@ from tfdist_ext import compression as compression_lib
 from tfdist_ext import sync as sync_lib
 
 EXPLODE_FACTOR = 100.0  # a loss above this x the first batch's is taken as diverged
+COLLAPSE_FACTOR = 2.0  # an epoch's mean loss above this x the best epoch's (and the first)
 
 
 class DivergenceError(RuntimeError):
@@ -47,10 +53,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         super().__init__()
         self.mode, self.advice, self.progress = mode, advice, progress
         self.first = None
+        self.best = None  # the lowest epoch-mean loss of this fit
         self.epoch = 0
 
     def on_train_begin(self, logs=None):
-        self.first = None
+        self.first = self.best = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -70,10 +77,26 @@ class DivergenceGuard(keras.callbacks.Callback):
                     f"{self.first:.4g}")
         else:
             return
+        self._stop(f"batch {batch + 1}", what)
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None or self.first is None or not math.isfinite(float(loss)):
+            return  # a NaN stopped the batch already
+        loss = float(loss)
+        if (self.best is not None and self.first > 0 and loss > COLLAPSE_FACTOR * self.best
+                and loss > self.first):
+            self._stop("its end", f"the epoch's mean loss {loss:.4g} rose above "
+                                  f"{COLLAPSE_FACTOR:g}x the best epoch's {self.best:.4g} and "
+                                  f"above the first batch's {self.first:.4g}: the model lost "
+                                  "what it had learned")
+        self.best = loss if self.best is None else min(self.best, loss)
+
+    def _stop(self, where, what):
         done = f" after {self.progress()}" if self.progress else ""
         raise DivergenceError(
             f"tfdist_ext: training diverged under {self.mode} at epoch {self.epoch + 1}, "
-            f"batch {batch + 1}{done}: {what}. The weights are not usable; fit stopped. "
+            f"{where}{done}: {what}. The weights are not usable; fit stopped. "
             f"To fix it: {self.advice}, or lower the learning rate; synchronous training "
             "(sync='sync', compression='none') is the exact reference.")
 

@@ -6,8 +6,8 @@ scripts bring: stale gradients and late error-feedback residuals add to the
 momentum (Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
 application to deep learning", 2016). Each `SyncPolicy` and `Compressor` states
 what it costs with momentum SGD, and the safer choice, in `momentum_caution`
-("" when measured safe), and with Adam-like optimizers in `adam_caution`; the
-optimizer is known only once the model is compiled, so `OptimizerCheck`
+("" when measured safe), with Adam-like optimizers in `adam_caution`, and with
+any optimizer in `caution` (said in place of the other two); the optimizer is known only once the model is compiled, so `OptimizerCheck`
 (added first to `fit`'s callbacks by
 `Strategy.fit_callbacks`) warns at `on_train_begin`, before the first step,
 once per strategy.
@@ -36,17 +36,19 @@ def cautions(sync, compressor, optimizer) -> List[str]:
         compressor: The `Compressor`.
         optimizer: The model's Keras optimizer (None: nothing to say).
     """
+    if optimizer is None:
+        return []
     momentum = local_sgd.sgd_momentum(optimizer)
+    described = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
     if momentum > 0:
         attribute, described = "momentum_caution", f"SGD(momentum={momentum:g})"
     elif lr_scaling.normalizes_gradient(optimizer):
         attribute = "adam_caution"
-        described = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
     else:
-        return []
+        attribute = None
     found = []
     for option, mode in (("sync", sync), ("compression", compressor)):
-        text = getattr(mode, attribute, "")
+        text = getattr(mode, "caution", "") or getattr(mode, attribute or "caution", "")
         if text:
             name = getattr(mode, "name", type(mode).__name__)
             found.append(f"tfdist_ext: {option}={name!r} with {described}: {text}.")

@@ -28,6 +28,8 @@ class SyncPolicy:
     momentum_caution = ""
     #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
     adam_caution = ""
+    #: The same for every optimizer (said in place of the two above).
+    caution = ""
 
     def check_compression(self, compressor) -> None:
         """Raises ValueError when `compressor` cannot work with this policy.
