@@ -145,9 +145,10 @@ def test_guard_thresholds():
     ("sync", "powersgd", keras.optimizers.SGD(0.1, momentum=0.9),
      ["compression='powersgd' with SGD(momentum=0.9): error feedback"]),
     ("sync", "powersgd", keras.optimizers.Adam(), []),
-    ("sync", "topk", keras.optimizers.SGD(0.1, momentum=0.9), []),  # DGC takes the momentum
+    ("sync", "topk", keras.optimizers.SGD(0.1, momentum=0.9),
+     ["compression='topk' with SGD(momentum=0.9): top-k 1% against synchronous momentum SGD"]),
     ("sync", {"name": "topk", "correct_momentum": False}, keras.optimizers.SGD(0.1, momentum=0.9),
-     ["compression='topk' with SGD(momentum=0.9): error feedback sends each value late"]),
+     ["compression='topk' with SGD(momentum=0.9): top-k 1% against synchronous momentum SGD"]),
     ("sync", {"name": "topk", "momentum": 0.9}, keras.optimizers.SGD(0.1), []),
     ("sync", "topk", keras.optimizers.SGD(0.1), []),
     ("sync", "topk", keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
