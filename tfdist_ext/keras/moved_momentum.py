@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import weakref
 
 from tfdist_ext.sync import local_sgd, momentum
 
@@ -28,7 +29,7 @@ log = logging.getLogger("tfdist_ext")
 
 _lock = threading.Lock()
 _moved = set()  # id() of the optimizers whose momentum a running `fit` moved
-_logged = set()  # id() of the strategies that logged the move
+_logged = weakref.WeakSet()  # the strategies that logged the move
 
 
 def moved(compressor, optimizer):
@@ -49,8 +50,8 @@ def during_fit(strategy, optimizer):
     if compressor is None:
         yield
         return
-    if id(strategy) not in _logged:
-        _logged.add(id(strategy))
+    if strategy not in _logged:
+        _logged.add(strategy)
         log.info("tfdist_ext: compression=%r with SGD(momentum=%g): the momentum moves into "
                  "the compressor (DGC's momentum correction, masking=%s) and the optimizer "
                  "steps without it while fit runs (pass correct_momentum=False to keep it "

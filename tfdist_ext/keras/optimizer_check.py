@@ -7,10 +7,10 @@ momentum (Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
 application to deep learning", 2016). Each `SyncPolicy` and `Compressor` states
 what it costs with momentum SGD, and the safer choice, in `momentum_caution`
 ("" when measured safe), with Adam-like optimizers in `adam_caution`, and with
-any optimizer in `caution` (said in place of the other two); the optimizer is known only once the model is compiled, so `OptimizerCheck`
-(added first to `fit`'s callbacks by
-`Strategy.fit_callbacks`) warns at `on_train_begin`, before the first step,
-once per strategy.
+any optimizer in `caution` (said in place of the other two); the optimizer is
+known only once the model is compiled, so `OptimizerCheck` (added first to
+`fit`'s callbacks by `Strategy.fit_callbacks`) warns at `on_train_begin`,
+before the first step, once per strategy.
 """
 
 import logging

@@ -63,5 +63,5 @@ class DelayedAveraging(SyncPolicy):
 
     def runner(self, strategy):
         n = strategy.num_replicas_in_sync
-        return PipelinedRunner(strategy, self.delay, local_scale=float(n), policy=self,
+        return PipelinedRunner(strategy, self.delay, local_scale=float(n),
                                noise_ratio=2 * n - 1 if self.sqrt_lr_scaling else 1.0)

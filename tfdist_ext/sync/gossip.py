@@ -57,7 +57,6 @@ from tfdist_ext import _compat
 from tfdist_ext.collectives import fusion
 from tfdist_ext.collectives.schedule import Recv, Schedule, Send
 from tfdist_ext.registry import boolean, positive_int
-from tfdist_ext.sync import lr_scaling
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
@@ -202,14 +201,11 @@ class _GossipRunner(PolicyRunner):
                                                    name="gossip_rounds")
         strategy.state.sync_rounds = self.rounds
         self.consensus_distance = None
-        self.lr_factor = None  # resolved at the first traced step
 
     def update_step(self, optimizer, grads, variables, learning_rate):
-        if self.lr_factor is None:
-            self.lr_factor = lr_scaling.resolve(
-                self.policy, optimizer, self.policy.noise_ratio(self.world_size),
-                self.policy.sqrt_lr_scaling)
-        learning_rate = lr_scaling.scaled(learning_rate, self.lr_factor)
+        learning_rate = self.sqrt_scaled(optimizer, learning_rate,
+                                         self.policy.noise_ratio(self.world_size),
+                                         self.policy.sqrt_lr_scaling)
         step = tf.cast(optimizer.iterations, tf.int64)
         context = tf.distribute.get_replica_context()
         if self.policy.mix_gradients and self.policy.weight:

@@ -59,7 +59,6 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import boolean, positive_int
-from tfdist_ext.sync import lr_scaling
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, dense_gradients, tf_variable
 
@@ -221,14 +220,10 @@ class _LocalSGDRunner(PolicyRunner):
         self._anchored = []  # the variables whose anchors exist, in key order
         self.outer = None  # (learning rate, momentum), resolved at the first traced step
         self._num_slots = 0  # the averaged slots come last in the averaged list
-        self.lr_factor = None  # resolved at the first traced step
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         if self.outer is None:
             self.outer = outer_settings(self.policy, optimizer)
-            self.lr_factor = lr_scaling.resolve(
-                self.policy, optimizer, self.world_size,
-                self.policy.sqrt_lr_scaling and not self.policy.sends_changes)
         grads = dense_gradients(grads)
         step = tf.cast(optimizer.iterations, tf.int64)
         scale = float(self.world_size)
@@ -238,8 +233,9 @@ class _LocalSGDRunner(PolicyRunner):
             grads = replica.merge_call(self._warmup_merge, args=(step, grads, local))
         else:
             grads = local
+        scaled = self.sqrt_scaled(optimizer, learning_rate, self.world_size,
+                                  self.policy.sqrt_lr_scaling and not self.policy.sends_changes)
         if self.lr_factor != 1.0:
-            scaled = lr_scaling.scaled(learning_rate, self.lr_factor)
             learning_rate = (tf.where(step < self.policy.warmup_steps, learning_rate, scaled)
                              if self.policy.warmup_steps else scaled)
         self.apply(optimizer, grads, variables, learning_rate)

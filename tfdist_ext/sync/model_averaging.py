@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.registry import boolean, positive_int
-from tfdist_ext.sync import local_sgd, lr_scaling
+from tfdist_ext.sync import local_sgd
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
 from tfdist_ext.sync.runner import PolicyRunner, tf_variable
 
@@ -119,8 +119,7 @@ class _ModelAveragingRunner(PolicyRunner):
         self.k = policy.learners_per_device
         self.alpha = policy.alpha or 1.0 / (self.k * self.world_size)
         self.policy = policy
-        self.momentum = None  # the central momentum and the learning-rate factor,
-        self.lr_factor = None  # resolved at the first traced step
+        self.momentum = None  # the central momentum, resolved at the first traced step
         self._lock = threading.Lock()
         self.learners = {}  # (variable index) -> [replica][learner] variables
         self.previous = {}  # (variable index) -> [replica] z_prev
@@ -158,15 +157,12 @@ class _ModelAveragingRunner(PolicyRunner):
 
     def update_step(self, optimizer, grads, variables, learning_rate):
         """A learner's local step, at the square-root scaled rate (module doc)."""
-        super().update_step(optimizer, grads, variables,
-                            lr_scaling.scaled(learning_rate, self.lr_factor))
+        super().update_step(optimizer, grads, variables, self.sqrt_scaled(
+            optimizer, learning_rate, self.world_size * self.k, self.policy.sqrt_lr_scaling))
 
     def _step(self, model, train_step, data):
         if self.momentum is None:
             self.momentum = self.policy.central_momentum(model.optimizer)
-            self.lr_factor = lr_scaling.resolve(self.policy, model.optimizer,
-                                                self.world_size * self.k,
-                                                self.policy.sqrt_lr_scaling)
         model_variables = [tf_variable(v) for v in model.trainable_variables]
         replica = self.local_index()
         copies = [self._copies(i, v) for i, v in enumerate(model_variables)]

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext.collectives import fusion
-from tfdist_ext.sync import lr_scaling, momentum
+from tfdist_ext.sync import momentum
 from tfdist_ext.sync.inflight import InflightReductions
 from tfdist_ext.sync.inflight_payloads import Payloads
 from tfdist_ext.sync.tickets import InflightTickets
@@ -40,21 +40,18 @@ class PipelinedRunner(PolicyRunner):
         local_scale: a, the weight of a replica's own gradient (see module doc).
         mean_staleness: E[tau] of the applied gradient, for SGD momentum
             compensation (`tfdist_ext.sync.momentum`); 0 turns it off.
-        policy: The sync policy (named in log lines).
         noise_ratio: Variance of the applied gradient over synchronous
             training's, for the square-root learning-rate scaling of
             normalizing optimizers (`tfdist_ext.sync.lr_scaling`); 1 turns it off.
     """
 
     def __init__(self, strategy, delay: int, local_scale: float, mean_staleness: float = 0.0,
-                 policy=None, noise_ratio: float = 1.0):
+                 noise_ratio: float = 1.0):
         super().__init__(strategy)
         self.delay = delay
         self.local_scale = local_scale
         self.mean_staleness = mean_staleness
-        self.policy = policy
         self.noise_ratio = noise_ratio
-        self.lr_factor = None  # resolved at the first traced step
         timeout = self.cross_ops.timeout_seconds
         background = strategy.extended.background_cross_device_ops()
         if background.config.engine == "ucx":
@@ -68,10 +65,8 @@ class PipelinedRunner(PolicyRunner):
                                  self.first_rank)
 
     def update_step(self, optimizer, grads, variables, learning_rate):
-        if self.lr_factor is None:
-            self.lr_factor = lr_scaling.resolve(self.policy, optimizer, self.noise_ratio,
-                                                self.noise_ratio > 1)
-        learning_rate = lr_scaling.scaled(learning_rate, self.lr_factor)
+        learning_rate = self.sqrt_scaled(optimizer, learning_rate, self.noise_ratio,
+                                         self.noise_ratio > 1)
         grads = dense_gradients(grads)
         replica = self.local_index()
         buffers, restore = fusion.flatten_by_dtype(grads)

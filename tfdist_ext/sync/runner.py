@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.sync import lr_scaling
 
 
 class ReplicaOps:
@@ -120,6 +121,7 @@ class PolicyRunner(ReplicaOps):
         super().__init__(strategy)
         self.average_buffers = BufferAverager(strategy)
         self._steps_at_drain = None
+        self.lr_factor = None  # `sqrt_scaled`'s factor, resolved at the first traced step
 
     # -- replica context -------------------------------------------------
 
@@ -136,6 +138,18 @@ class PolicyRunner(ReplicaOps):
     def wrap_train_step(self, model, train_step):
         """Returns the function Keras runs per replica and step (default: unchanged)."""
         return train_step
+
+    def sqrt_scaled(self, optimizer, learning_rate, noise_ratio: float, enabled: bool):
+        """`learning_rate` times the square-root factor of `tfdist_ext.sync.lr_scaling`.
+
+        The factor (1 unless `enabled` and the optimizer normalizes the
+        gradient) is resolved and logged at the first traced step and kept in
+        `lr_factor`.
+        """
+        if self.lr_factor is None:
+            self.lr_factor = lr_scaling.resolve(self.strategy.config.sync, optimizer,
+                                                noise_ratio, enabled)
+        return lr_scaling.scaled(learning_rate, self.lr_factor)
 
     def apply(self, optimizer, grads, variables, learning_rate):
         """Applies per-replica `grads` with `optimizer`, each replica to its own weights."""

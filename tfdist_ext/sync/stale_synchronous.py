@@ -78,4 +78,4 @@ class StaleSynchronous(SyncPolicy):
         n = strategy.num_replicas_in_sync
         staleness = self.staleness * (n - 1) / n if self.momentum_compensation else 0.0
         return PipelinedRunner(strategy, self.staleness, local_scale=1.0,
-                               mean_staleness=staleness, policy=self)
+                               mean_staleness=staleness)
