@@ -219,6 +219,11 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32,
 def time_interleaved(fns, repeats, barrier=None, steps=1):
     """Seconds per step of each function, `repeats` calls each, taking turns.
 
+    Each round starts one function later than the round before, so that no
+    function always runs right after the same other one (a slow neighbour's
+    after-effects, e.g. buffers still in flight or caches it evicted, then hit
+    every function alike).
+
     Args:
         fns: name -> zero-argument callable (e.g. from `all_reduce_fn`); every
             worker must pass the same names in the same order.
@@ -232,8 +237,11 @@ def time_interleaved(fns, repeats, barrier=None, steps=1):
     for fn in fns.values():  # trace and warm up, in the same order everywhere
         fn()
     times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
             if barrier is not None:
                 barrier()
             start = time.perf_counter()
