@@ -28,7 +28,7 @@ if os.environ.get("TF_CONFIG"):
     importlib.import_module("tfdist_ext.early").prepare()
 
 _SUBMODULES = ("bucketing", "cluster", "cluster_env", "collectives", "compression", "early",
-               "keras", "launch", "ops", "ps", "sync")
+               "elastic", "keras", "launch", "ops", "ps", "sync")
 _ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy_config"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 

@@ -119,14 +119,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._pair_group_key_base = pair_group_key_base
         self._engine_role = engine_role
         self._state = None
-        # The parts this class delegates to, each in its own module.
-        self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
-        self.wire = wire.WireBytes(self.choice, self.first_rank)
-        self.buckets = gradient_buckets.GradientBuckets(config.bucketing, self.choice)
-        self.engines = engines.Engines(
-            config.engine, self._devices, group_size, self.first_rank, pair_group_key_base,
-            ucx_timeout_seconds=config.allreduce.timeout_seconds,
-            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role)
+        self._make_parts(engine_role)
         self._gradient_reduction = False
         self._compression = None  # `compression_replaced`
         self._dense_only = False
@@ -136,6 +129,29 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                              and config.bucketing is None)
         if not self._native_only:
             self.engines.check(config.allreduce)
+
+    def _make_parts(self, engine_role):
+        """The parts this class delegates to, each in its own module."""
+        config, group_size = self.config, self._group_size
+        self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
+        self.wire = wire.WireBytes(self.choice, self.first_rank)
+        self.buckets = gradient_buckets.GradientBuckets(config.bucketing, self.choice)
+        self.engines = engines.Engines(
+            config.engine, self._devices, group_size, self.first_rank,
+            self._pair_group_key_base, ucx_timeout_seconds=config.allreduce.timeout_seconds,
+            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role)
+
+    def reconfigure(self, worker_index: int, num_workers: int, generation: int):
+        """Goes on with another membership: `num_workers` workers, this one at `worker_index`.
+
+        For elastic training (`tfdist_ext.elastic`) after a worker died: the
+        algorithm choice, byte counts and engines are made again for the new
+        world (new communicators, rendezvous keys named by `generation`).
+        Functions traced before must be traced again.
+        """
+        self._worker_index = worker_index
+        self._group_size = num_workers * len(self._devices)
+        self._make_parts(f"{self._engine_role}-g{generation}")
 
     @property
     def devices(self) -> tuple:

@@ -74,10 +74,13 @@ class Watcher:
         me: This worker's task name ("/job:worker/replica:0/task:0").
         peers: (task name, "host:port") of every other worker.
         timeout: Seconds each health check may take.
+        keep_watching: After a dead peer, go on watching the others (elastic
+            training survives it) instead of stopping.
     """
 
-    def __init__(self, me: str, peers, timeout: float):
+    def __init__(self, me: str, peers, timeout: float, keep_watching: bool = False):
         self.me, self.timeout = me, timeout
+        self.keep_watching = keep_watching
         self.peers = dict(peers)
         self.aborts: List[Callable[[str], None]] = []
         self.reason: Optional[str] = None
@@ -110,7 +113,9 @@ class Watcher:
                     misses[task] += 1
                     if misses[task] >= MISSES:
                         self._fail(task, problem)
-                        return
+                        if not self.keep_watching:
+                            return
+                        del self.peers[task]
 
     def _check(self, task) -> Optional[str]:
         try:
@@ -124,8 +129,9 @@ class Watcher:
             return f"its server is gone ({type(err).__name__}: {text[:200]})"
 
     def _fail(self, task, problem):
-        self.reason = (f"tfdist_ext: peer {task} ({self.peers[task]}) failed: {problem}. "
-                       f"Stopping {self.me}'s collectives.")
+        then = ("Aborting the collectives in flight; the survivors go on (elastic)."
+                if self.keep_watching else f"Stopping {self.me}'s collectives.")
+        self.reason = f"tfdist_ext: peer {task} ({self.peers[task]}) failed: {problem}. {then}"
         log.error("%s", self.reason)
         for abort in self.aborts:
             try:
@@ -146,7 +152,7 @@ def _announce_exit(watcher: Watcher):
     """At exit: tells the peers how this worker ended; after a dead peer, exits at once."""
     watcher.stop()
     error = getattr(sys, "last_value", None)
-    if watcher.reason is None:
+    if watcher.reason is None or (watcher.keep_watching and error is None):
         key, value = _DONE_KEY.format(task=watcher.me), "done"
         if error is not None:  # the first failing worker's error, for every peer to name
             key, value = _FAILED_KEY, f"{watcher.me} {type(error).__name__}: {error}"[:500]
@@ -164,12 +170,14 @@ def _announce_exit(watcher: Watcher):
         os._exit(1)  # pylint: disable=protected-access
 
 
-def watch(spec, abort: Callable[[str], None]) -> Optional[Watcher]:
+def watch(spec, abort: Callable[[str], None], keep_watching: bool = False) -> Optional[Watcher]:
     """Starts (once per process) watching the other workers of `spec`; adds `abort`.
 
     Args:
         spec: The job's `cluster.ClusterSpec` (parameter servers are not watched).
         abort: Called with the reason when a peer is found dead.
+        keep_watching: As in `Watcher` (elastic training); set by the first
+            strategy that starts the watcher.
 
     Returns:
         The process's watcher, or None with fewer than 2 workers or
@@ -184,7 +192,7 @@ def watch(spec, abort: Callable[[str], None]) -> Optional[Watcher]:
         me = task_name(spec.task_type, spec.task_index)
         peers = [(task_name(job, i), address) for job, addresses in jobs.items()
                  for i, address in enumerate(addresses) if task_name(job, i) != me]
-        _watcher = Watcher(me, peers, timeout)
+        _watcher = Watcher(me, peers, timeout, keep_watching)
         atexit.register(_announce_exit, _watcher)
         _watcher.start()
     _watcher.aborts.append(abort)

@@ -26,6 +26,8 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, cluster, compression, coordination, early, liveness, startup
 from tfdist_ext.collectives import calibration, choice, ucx_engine
+from tfdist_ext.elastic import options as elastic_options
+from tfdist_ext.elastic import recovery
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
@@ -63,6 +65,14 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             to join before it is killed (SIGKILL) with a message naming the
             workers that did not answer; 0 waits forever. Defaults to 600.
             Raise it when a scheduler starts a job's workers far apart.
+        elastic: True, a dict of options or `tfdist_ext.elastic.Elastic`:
+            when a worker dies, the survivors discard the step in flight and
+            `fit` goes on with them, in the same processes
+            (`tfdist_ext.elastic.recovery`). Needs the UCX engine, sync="sync",
+            a fixed all-reduce algorithm, no compression or bucketing, and a
+            TF_CONFIG of "worker" tasks; worker 0 must survive. Defaults to
+            None: on when TFDIST_ELASTIC=1 (`tfdist-run --elastic`), else off
+            (a dead worker stops the job).
         cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`
             (e.g. `SlurmClusterResolver()`) to take the cluster from instead
             of TF_CONFIG; it becomes this process's TF_CONFIG, so everything
@@ -80,8 +90,12 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
-                 startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None):
+                 startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None,
+                 elastic=None):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
+        elastic = elastic_options.get(elastic)
+        if elastic is not None:
+            elastic.check(config)
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         if cluster_resolver is not None:
             os.environ[cluster.TF_CONFIG] = cluster.tf_config_from_resolver(cluster_resolver)
@@ -119,8 +133,32 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
+        self.elastic = None
+        if elastic is not None and spec is not None and spec.num_workers > 1:
+            if set(spec.without_servers().jobs) != {"worker"}:
+                raise ValueError("Argument `elastic` needs a TF_CONFIG cluster of 'worker' tasks "
+                                 f"only; this one has {sorted(spec.jobs)}. Name the chief "
+                                 "worker 0 instead (tfdist-run does).")
+            self.elastic = recovery.Recovery(self, elastic,
+                                             f"tfdist/{self._collective_key_base}")
         if spec is not None:
-            liveness.watch(spec, self._abort_collectives)
+            if self.elastic is not None:
+                liveness.watch(spec, self.elastic.abort_communicators, keep_watching=True)
+            else:
+                liveness.watch(spec, self._abort_collectives)
+
+    def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int):
+        """Goes on as worker `worker_index` of `num_workers` (elastic training).
+
+        The cross-device ops make new communicators, and datasets distributed
+        from now on are split among these workers.
+        """
+        extended = self.extended
+        extended._num_workers = num_workers  # pylint: disable=protected-access
+        extended._id_in_cluster = worker_index  # pylint: disable=protected-access
+        self._cross_ops.reconfigure(worker_index, num_workers, generation)
+        if extended._background_ops is not None:  # pylint: disable=protected-access
+            extended._background_ops.reconfigure(worker_index, num_workers, generation)  # pylint: disable=protected-access
 
     def _abort_collectives(self, reason):
         """Fails this worker's collectives on both engines (a peer is dead)."""

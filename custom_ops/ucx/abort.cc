@@ -5,23 +5,29 @@
 
 namespace tfdist_ucx {
 namespace {
-std::atomic<bool> aborted{false};
+std::atomic<uint64_t> count{0};
+std::atomic<bool> for_later{false};
 std::mutex mu;
-std::string* first_reason = new std::string();  // never destroyed: read until exit
+std::string* last_reason = new std::string();  // never destroyed: read until exit
 }  // namespace
 
-void Abort(const std::string& reason) {
+void Abort(const std::string& reason, bool later) {
   std::lock_guard<std::mutex> lock(mu);
-  if (aborted.load(std::memory_order_relaxed)) return;
-  *first_reason = reason;
-  aborted.store(true, std::memory_order_release);
+  if (for_later.load(std::memory_order_relaxed)) return;  // the first final reason stays
+  *last_reason = reason;
+  if (later) for_later.store(true, std::memory_order_release);
+  count.fetch_add(1, std::memory_order_acq_rel);
 }
 
-bool Aborted(std::string* reason) {
-  if (!aborted.load(std::memory_order_acquire)) return false;
+uint64_t AbortCount() { return count.load(std::memory_order_acquire); }
+
+bool Aborted(uint64_t born, std::string* reason) {
+  if (!for_later.load(std::memory_order_acquire) &&
+      count.load(std::memory_order_acquire) <= born)
+    return false;
   if (reason != nullptr) {
     std::lock_guard<std::mutex> lock(mu);
-    *reason = *first_reason;
+    *reason = *last_reason;
   }
   return true;
 }

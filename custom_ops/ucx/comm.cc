@@ -168,7 +168,7 @@ void Comm::Loop() {
     }
     std::string error = error_;
     std::shared_ptr<void> result = job.keep_alive;
-    if (error.empty()) Aborted(&error);  // a job not started yet: nothing to retain
+    if (error.empty()) Aborted(born_, &error);  // a job not started yet: nothing to retain
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
       if (job.host_sum)
@@ -365,7 +365,7 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
       return out.str();
     }
     std::string reason;
-    if (Aborted(&reason)) return reason;
+    if (Aborted(born_, &reason)) return reason;
     auto now = Clock::now();
     if (outstanding != last_outstanding) {
       last_outstanding = outstanding;

@@ -42,6 +42,8 @@
 #include <thread>
 #include <vector>
 
+#include "ucx/abort.h"
+
 namespace tfdist_ucx {
 
 enum StepKind : int64_t { kSend = 0, kRecvReduce = 1, kRecvCopy = 2 };
@@ -133,6 +135,7 @@ class Comm {
 
   const int rank_, world_size_;
   const CommOptions options_;
+  const uint64_t born_ = AbortCount();  // aborts made later fail this communicator
   std::string init_error_, address_;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;

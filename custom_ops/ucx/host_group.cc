@@ -210,7 +210,7 @@ std::string HostGroup::WaitForPeers(int counter, uint32_t value, const char* ste
         word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
         now = Clock::now();
         std::string reason;
-        if (Aborted(&reason)) return reason;
+        if (Aborted(born_, &reason)) return reason;
         if (Exited(pids_[peer])) {
           std::ostringstream out;
           out << "in a shared-memory all-reduce (" << step << "), waiting for rank(s) " << peer

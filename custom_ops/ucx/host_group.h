@@ -68,6 +68,7 @@ class HostGroup {
   const int64_t chunk_bytes_;
   const int spin_us_;
   const double timeout_seconds_;
+  const uint64_t born_ = AbortCount();  // aborts made later fail this group
   std::string identity_, broken_;
   int fd_ = -1;
   size_t area_bytes_ = 0;

@@ -108,11 +108,14 @@ REGISTER_OP("TfdistUcxUseHost")
 
 REGISTER_OP("TfdistUcxAbort")
     .Input("reason: string")
+    .Attr("later: bool = true")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
-Fails every wait of this process's UCX communicators, now and later, with
-`reason` (the first reason given stays): a peer was found dead.
+Fails every wait of this process's UCX communicators with `reason`: a peer was
+found dead. With `later` (the process will stop) also every communicator made
+afterwards, and the first such reason stays; without it only the communicators
+that exist now (an elastic job goes on with new ones).
 )doc");
 
 class CreateOp : public OpKernel {
@@ -224,10 +227,15 @@ class UseHostOp : public OpKernel {
 
 class AbortOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    Abort(std::string(ctx->input(0).scalar<tensorflow::tstring>()()));
+  explicit AbortOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("later", &later_));
   }
+  void Compute(OpKernelContext* ctx) override {
+    Abort(std::string(ctx->input(0).scalar<tensorflow::tstring>()()), later_);
+  }
+
+ private:
+  bool later_;
 };
 
 class DestroyOp : public OpKernel {

@@ -92,11 +92,13 @@ def encode(schedule: Schedule) -> list:
     return flat
 
 
-def abort(reason: str):
-    """Fails every UCX collective of this process, now and later, with `reason`
-    (`tfdist_ext.liveness` calls it when a peer is dead)."""
+def abort(reason: str, later: bool = True):
+    """Fails the UCX collectives of this process with `reason` (`tfdist_ext.liveness`
+    calls it when a peer is dead): every one, now and later, or with
+    ``later=False`` those of the communicators that exist now (elastic
+    training goes on with new ones)."""
     with tf.device("/cpu:0"):
-        ucx_ops.load().tfdist_ucx_abort(reason)
+        ucx_ops.load().tfdist_ucx_abort(reason, later=later)
 
 
 def engine_for(name, devices, world_size, first_rank, **options):

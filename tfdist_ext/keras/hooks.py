@@ -35,8 +35,8 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdist_ext.keras import (data_order, moved_momentum, preemption, saving, uneven,
-                              worker_callbacks, xla)
+from tfdist_ext.keras import (data_order, elastic_steps, moved_momentum, preemption, saving,
+                              uneven, worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -84,6 +84,8 @@ def wrap_make_train_function(original):
         _build_with_step(self, strategy, "train_step", step, lambda: original(self, force=force))
         if runner is not None and runner.worker_local_logs:
             self.train_function = _worker_local(self.train_function, strategy)
+        if getattr(strategy, "elastic", None) is not None:
+            self.train_function = elastic_steps.wrap(self.train_function, self, strategy)
         return self.train_function
 
     return make_train_function

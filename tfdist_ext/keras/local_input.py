@@ -21,6 +21,11 @@ iterator), and every element is dense tensors with a batch dimension.
 Otherwise (several replicas in this process, a length TF cannot know, auto-
 sharding OFF or by files, ragged or sparse inputs, a `DistributedDataset` the
 user made) Keras keeps the distributed iterator.
+
+In elastic training (`tfdist_ext.elastic`) the part and the number of parts
+are variables that the survivors of a worker's death set to their new ranks,
+so the global batch keeps its size and every sample is still trained on (a
+batch or two already prefetched may still be split the old way).
 """
 
 import functools
@@ -69,6 +74,9 @@ def _local_dataset(distributed, strategy, user_made):
         return dataset
     if not (_splittable(dataset) and _same_length(dataset, strategy)):
         return distributed
+    elastic = getattr(strategy, "elastic", None)
+    if elastic is not None:  # the parts follow the membership (`tfdist_ext.elastic`)
+        return split_batches(dataset, *elastic.data_split())
     return split_batches(dataset, strategy.worker_index, workers)
 
 
@@ -77,8 +85,9 @@ def split_batches(dataset, index, count):
 
     Args:
         dataset: Batches of dense tensors sharing their first dimension.
-        index: This worker's part.
-        count: The number of parts (workers).
+        index: This worker's part (an int, or an int64 `tf.Variable` read at
+            every batch).
+        count: The number of parts (workers), likewise.
     """
 
     packed = isinstance(dataset.element_spec, tuple)  # map unpacks tuples into arguments
@@ -86,7 +95,8 @@ def split_batches(dataset, index, count):
     def part(*batch):
         batch = batch if packed else batch[0]
         size = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-        lo, hi = size * index // count, size * (index + 1) // count
+        at, parts = tf.cast(index, tf.int64), tf.cast(count, tf.int64)
+        lo, hi = size * at // parts, size * (at + 1) // parts
         return tf.nest.map_structure(lambda t: t[lo:hi], batch)
 
     return dataset.map(part, deterministic=True)

@@ -107,6 +107,9 @@ def _agree(data, strategy, eager=False):
     static = first is None or (not eager and tf.convert_to_tensor(first).shape.rank
                                and tf.convert_to_tensor(first).shape[0] is not None)
     preemption = strategy.preemption if strategy.num_workers > 1 else None
+    # Elastic training (`tfdist_ext.elastic`): after a worker died, Keras' 1 / R
+    # no longer matches the replicas left, so the share is always computed.
+    static = static and getattr(strategy, "elastic", None) is None
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
     samples = (tf.constant(0.0) if first is None

@@ -169,6 +169,10 @@ def build_parser():
                              "fails (not after --timeout or a signal); workers read the "
                              "attempt in TFDIST_RESTART. With keras.callbacks."
                              "BackupAndRestore, training resumes from the last backup")
+    parser.add_argument("--elastic", action="store_true",
+                        help="a worker other than worker 0 that dies does not stop the job: "
+                             "the others go on without it (Strategy(elastic=True), turned "
+                             "on for an unchanged script through TFDIST_ELASTIC=1)")
     parser.add_argument("--output", type=_output_mode, default="chief", metavar="WHICH",
                         help="'chief' (default): worker 0's live progress bar and each "
                              "line once (another worker's line only where it differs); "
@@ -239,6 +243,9 @@ def main(argv=None) -> int:
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
         parser.error("argument --check: needs --link-bandwidth, --link-latency or "
                      "-H HxW, and two workers on different hosts")
+    if args.elastic and (args.max_restarts or args.num_servers):
+        parser.error("argument --elastic: not with --max-restarts or --ps (elastic training "
+                     "goes on in the surviving processes, with synchronous training only)")
     if args.profile_steps is not None and args.profile is None:
         parser.error("argument --profile-steps: needs --profile DIR")
     if args.profile is not None:  # the workers inherit the launcher's environment
@@ -254,7 +261,8 @@ def main(argv=None) -> int:
             parser.error(str(err))
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
                         verbose=args.verbose, max_restarts=args.max_restarts,
-                        num_servers=args.num_servers, output=args.output)
+                        num_servers=args.num_servers, output=args.output,
+                        elastic=args.elastic)
     try:
         if shaped:
             return _run_shaped(args, command, launcher, layout)

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
+from tfdist_ext.elastic.options import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.output import Output
 
 EXIT_TIMEOUT = 124
@@ -148,11 +149,15 @@ class Launcher:
         output: Which workers' lines are shown: "chief" (each line once and
             worker 0's progress bar), "all", or a worker index
             (`tfdist_ext.launch.output`).
+        elastic: A worker other than worker 0 that fails does not stop the
+            others (they go on without it: `tfdist_ext.elastic`); the job
+            succeeds when every other worker does. Workers get
+            ``TFDIST_ELASTIC=1``, which `tfdist_ext.Strategy` reads.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
                  verbose=False, env=None, out=None, network=None, max_restarts=0,
-                 num_servers=0, output="chief"):
+                 num_servers=0, output="chief", elastic=False):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.command = list(command)
@@ -160,6 +165,10 @@ class Launcher:
         self.grace = grace
         self.verbose = verbose
         self.env = dict(env or {})
+        self.elastic = elastic
+        if elastic:
+            self.env.setdefault(ELASTIC_VARIABLE, "1")
+        self.lost: List[int] = []  # workers that died in an elastic job
         self.out = out or sys.stdout
         self.output = Output(self.out, output, verbose=verbose)
         self.network = network
@@ -296,6 +305,12 @@ class Launcher:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
+                    if self.elastic and not worker.server and worker.index != 0:
+                        self.lost.append(worker.index)
+                        self.say(f"{worker.name} (pid {worker.process.pid}) "
+                                 f"{describe_exit(code)}; the others go on without it "
+                                 "(--elastic).")
+                        continue
                     running = [w.index for w in self.workers
                                if not w.server and w.process.poll() is None]
                     servers = [w.index for w in self.workers
@@ -306,7 +321,11 @@ class Launcher:
                              + (f" and parameter servers {servers}." if servers else "."))
                     self.stop_all()
                     return shell_code(code)
-            if all(w.process.poll() == 0 for w in self.workers if not w.server):
+            if all(w.process.poll() == 0 for w in self.workers
+                   if not w.server and w.index not in self.lost):
+                if self.lost:
+                    self.say(f"the job finished without worker(s) {self.lost}, which died "
+                             "(--elastic).")
                 return self._stop_servers()
             time.sleep(0.05)
 

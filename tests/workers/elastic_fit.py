@@ -1,0 +1,84 @@
+"""Worker program for tests/elastic: a fit that survives a worker killed mid-way.
+
+    python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS]
+
+Every worker trains the same MLP on its shard of a fixed synthetic dataset
+with `Strategy(elastic=True)` and momentum SGD; worker KILL_WORKER SIGKILLs
+itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
+writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
+died): its PID at start and end, a hash of its
+weights, the strategy's recorded failures and members, the loss history and
+the test accuracy.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist_ext
+
+
+def data(seed=0, n=6656, d=20, classes=4):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=0.35, size=(classes, d))
+    y = rng.integers(0, classes, size=n)
+    x = (centers[y] + rng.normal(size=(n, d))).astype("float32")
+    return x[:2560], y[:2560], x[2560:], y[2560:]
+
+
+class Stamp(keras.callbacks.Callback):
+    """Writes OUT_DIR/killed.txt (the time) where and when KillAt will kill."""
+
+    def __init__(self, out_dir, worker, step):
+        super().__init__()
+        self.path = os.path.join(out_dir, "killed.txt")
+        self.worker, self.step, self.steps = worker, step, 0
+        self.me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.me == self.worker and self.steps == self.step:
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(repr(time.time()))
+        self.steps += 1
+
+
+def main(out_dir, kill_worker, kill_step, epochs="4"):
+    started = time.time()
+    pid = os.getpid()
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    strategy = tfdist_ext.Strategy(elastic=True)
+    x, y, x_test, y_test = data()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(4)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
+    kill = ([Stamp(out_dir, int(kill_worker), int(kill_step)),
+             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step))]
+            if int(kill_step) >= 0 else [])
+    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill)
+    accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
+    weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
+    optimizer = b"".join(np.asarray(v).tobytes() for v in model.optimizer.variables)
+    recovery = strategy.elastic
+    with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
+        json.dump({"pid_start": pid, "pid_end": os.getpid(),
+                   "sha": hashlib.sha256(weights).hexdigest(),
+                   "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
+                   "failures": recovery.failures, "members": list(recovery.members),
+                   "loss": history.history["loss"], "accuracy": accuracy,
+                   "iterations": int(model.optimizer.iterations.numpy()),
+                   "seconds": time.time() - started}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,18 @@
+"""Training that goes on when a worker dies: `tfdist_ext.Strategy(elastic=True)`.
+
+`Elastic` holds the options; `recovery` what the survivors do (see there);
+`membership` how they agree on who is left; `KillAt` (a Keras callback)
+injects a failure.
+"""
+
+from tfdist_ext.elastic.membership import MembershipError
+from tfdist_ext.elastic.options import Elastic, get
+
+__all__ = ["Elastic", "KillAt", "MembershipError", "get"]
+
+
+def __getattr__(name):
+    if name == "KillAt":  # imports Keras, which `import tfdist_ext` does not
+        from tfdist_ext.elastic.inject import KillAt  # pylint: disable=import-outside-toplevel
+        return KillAt
+    raise AttributeError(f"module 'tfdist_ext.elastic' has no attribute {name!r}")

@@ -1,0 +1,80 @@
+"""Who is left after a failure: the survivors' agreement, through a key-value store.
+
+Every survivor of generation g publishes what it saw (the workers it found
+alive and how many training steps it ran); the lowest-indexed worker it found
+alive, the leader, waits for those workers' reports and publishes the new
+membership: the workers that reported, and the most steps any of them ran
+(survivors that ran fewer skip the difference, so that every member runs its
+next step together). Workers are named by their TF_CONFIG index throughout.
+"""
+
+import json
+import time
+from typing import Callable, Dict, Sequence, Tuple
+
+
+class MembershipError(RuntimeError):
+    """The survivors could not agree, or fewer than `min_workers` are left."""
+
+
+def survivors(members: Sequence[int], dead) -> Tuple[int, ...]:
+    """`members` without `dead`, in order."""
+    dead = set(dead)
+    return tuple(m for m in members if m not in dead)
+
+
+def position(members: Sequence[int], worker: int) -> int:
+    """`worker`'s rank in `members` (its index there)."""
+    return list(members).index(worker)
+
+
+def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str],
+          prefix: str, me: int, alive: Sequence[int], steps: int,
+          timeout: float) -> Tuple[Tuple[int, ...], int]:
+    """The new membership and the step every member resumes at.
+
+    Args:
+        kv_set: Stores a key (each key once).
+        kv_get: Reads a key, waiting up to the given seconds; raises when it
+            is absent after them.
+        prefix: Unique to this generation and job.
+        me: This worker's index.
+        alive: The workers this one found alive, itself included.
+        steps: Training steps this worker ran (the failed one included).
+        timeout: Seconds to wait for the others.
+
+    Returns:
+        (members, steps): the members in order, and the most steps any ran.
+
+    Raises:
+        MembershipError: this worker was left out (the others gave up on it),
+            or the leader did not publish within `timeout`.
+    """
+    alive = tuple(sorted(set(alive) | {me}))
+    kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps)}))
+    leader = alive[0]
+    if me == leader:
+        deadline = time.monotonic() + timeout
+        reports: Dict[int, dict] = {}
+        for worker in alive:
+            try:
+                left = max(deadline - time.monotonic(), 0.001)
+                reports[worker] = json.loads(kv_get(f"{prefix}/report/{worker}", left))
+            except Exception:  # pylint: disable=broad-except  (silent: not a member)
+                continue
+        members = tuple(sorted(reports))
+        decision = {"members": members, "steps": max(r["steps"] for r in reports.values())}
+        kv_set(f"{prefix}/members", json.dumps(decision))
+    else:
+        try:
+            decision = json.loads(kv_get(f"{prefix}/members", timeout))
+        except Exception as err:  # pylint: disable=broad-except
+            raise MembershipError(
+                f"worker {me}: worker {leader}, the lowest-indexed survivor, did not announce "
+                f"the new membership within {timeout:g} s ({err}); raise "
+                "Elastic(recover_seconds=...) on slow links.") from None
+    members = tuple(decision["members"])
+    if me not in members:
+        raise MembershipError(f"worker {me} was left out of the new membership {members} "
+                              f"(the others did not hear from it within {timeout:g} s).")
+    return members, int(decision["steps"])

@@ -1,0 +1,105 @@
+"""`Strategy(elastic=...)`: the options of training that goes on after a worker dies."""
+
+import dataclasses
+import math
+import os
+
+VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run --elastic`)
+
+
+@dataclasses.dataclass(frozen=True)
+class Elastic:
+    """Synchronous training that continues on the surviving workers.
+
+    When a worker dies (its process killed, its host gone), the step that was
+    running is lost: each survivor discards it, the survivors agree on who is
+    left, build new communicators among themselves, take the lowest-ranked
+    survivor's weights and optimizer state, and `fit` goes on without a
+    restart, each survivor on its own shard of the data with the same
+    per-replica batch (the global batch shrinks with the job). See
+    `tfdist_ext.elastic.recovery`.
+
+    Args:
+        min_workers: Fewest workers to go on with; below it every survivor
+            stops with an error naming the missing workers. Set it to the
+            smallest job whose global batch still trains well.
+        recover_seconds: How long survivors wait for each other while they
+            agree on the new membership (a survivor notices a death within
+            about a second; raise it on slow links).
+    """
+
+    min_workers: int = 1
+    recover_seconds: float = 60.0
+
+    def __post_init__(self):
+        if (isinstance(self.min_workers, bool) or not isinstance(self.min_workers, int)
+                or self.min_workers < 1):
+            raise ValueError(f"`min_workers` of Elastic must be an integer >= 1; received "
+                             f"{self.min_workers!r}.")
+        if (isinstance(self.recover_seconds, bool)
+                or not isinstance(self.recover_seconds, (int, float))
+                or not math.isfinite(self.recover_seconds) or self.recover_seconds <= 0):
+            raise ValueError(f"`recover_seconds` of Elastic must be a finite number > 0; "
+                             f"received {self.recover_seconds!r}.")
+
+    def check(self, config):
+        """Raises ValueError unless the strategy's other choices can run elastically.
+
+        Args:
+            config: The strategy's `StrategyConfig`.
+        """
+        from tfdist_ext.collectives import engines  # pylint: disable=import-outside-toplevel
+
+        problems = []
+        if config.engine != "ucx":
+            problems.append(f"engine={config.engine!r} (needs 'ucx', whose communicators "
+                            "can be rebuilt)")
+        if getattr(config.sync, "name", "sync") != "sync":
+            problems.append(f"sync={config.sync.name!r} (needs 'sync')")
+        names = set(config.allreduce.algorithms)
+        if names & {"auto", "native", "hierarchical"} or config.allreduce.hosts is not None:
+            problems.append(f"allreduce={config.allreduce} (needs a fixed algorithm such as "
+                            f"'{engines.default_algorithm('ucx')}')")
+        if getattr(config.compression, "name", "none") != "none":
+            problems.append(f"compression={config.compression.name!r} (needs 'none')")
+        if config.bucketing is not None:
+            problems.append(f"bucketing={config.bucketing} (needs None)")
+        if problems:
+            raise ValueError("Argument `elastic` cannot be combined with " + "; ".join(problems)
+                             + ". Drop those arguments, or pass elastic=False.")
+
+
+def get(value, environ=os.environ):
+    """An `Elastic` for `Strategy(elastic=value)`, or None when it is off.
+
+    Args:
+        value: False (off), True (defaults), a dict of `Elastic`'s arguments,
+            an `Elastic`, or None: True when the environment variable
+            TFDIST_ELASTIC is "1" (`tfdist-run --elastic`), else off.
+        environ: Where TFDIST_ELASTIC is read.
+
+    Raises:
+        ValueError: Anything else, or invalid options (naming them).
+    """
+    if value is None:
+        flag = environ.get(VARIABLE, "")
+        if flag not in ("", "0", "1"):
+            raise ValueError(f"Environment variable {VARIABLE}={flag!r} must be '1' (elastic "
+                             "training) or '0'.")
+        value = flag == "1"
+    if value is False:
+        return None
+    if value is True:
+        return Elastic()
+    if isinstance(value, Elastic):
+        return value
+    if isinstance(value, dict):
+        fields = {f.name for f in dataclasses.fields(Elastic)}
+        unknown = sorted(set(value) - fields)
+        if unknown:
+            raise ValueError(f"Argument `elastic` has unknown option(s) {unknown}; valid: "
+                             f"{sorted(fields)}.")
+        return Elastic(**value)
+    raise ValueError(f"Argument `elastic` must be True, False, a dict of options "
+                     f"(min_workers, recover_seconds) or tfdist_ext.elastic.Elastic; "
+                     f"received {value!r}.")

@@ -1,0 +1,70 @@
+"""Keras' train function under elastic training: a step that fails because a worker
+died is discarded, and `fit` goes on with the survivors (`tfdist_ext.elastic`).
+
+`tfdist_ext.keras.hooks` wraps the train function that Keras' `fit` calls
+once per step (per `steps_per_execution` steps). On a failed step the
+wrapper has the strategy's `elastic.recovery.Recovery` agree on the survivors
+and rebuild the communicators, traces Keras' functions again, gives every
+member rank 0's weights and optimizer state, and returns the last good step's
+logs. A survivor that ran fewer steps than the others (its step had failed
+while theirs had finished) then skips as many calls, consuming their
+batches without training, so that all members' steps pair up again until the
+end of `fit`.
+"""
+
+import functools
+import logging
+
+import tensorflow as tf
+
+log = logging.getLogger("tfdist_ext")
+
+
+class _Progress:
+    """Steps this worker ran under a strategy (the same count on every worker)."""
+
+    def __init__(self):
+        self.steps = 0
+        self.skip = 0
+        self.logs = {}
+
+
+def wrap(train_function, model, strategy):
+    """`train_function` (Keras' `model.train_function`) that survives a worker's death."""
+    recovery = strategy.elastic
+    progress = getattr(recovery, "progress", None)
+    if progress is None:
+        progress = recovery.progress = _Progress()
+
+    @functools.wraps(train_function)
+    def run(iterator):
+        progress.steps += 1
+        if progress.skip > 0:
+            progress.skip -= 1
+            for _ in range(_batches_per_call(model)):
+                next(iterator)
+            return progress.logs
+        try:
+            logs = train_function(iterator)
+        except tf.errors.OutOfRangeError:
+            raise
+        except tf.errors.OpError as err:
+            progress.skip = recovery.recover(err, progress.steps)
+            _retrace(model)
+            recovery.broadcast_state(list(model.variables) + list(model.optimizer.variables))
+            return progress.logs
+        progress.logs = logs
+        return logs
+
+    return run
+
+
+def _batches_per_call(model):
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
+def _retrace(model):
+    """Keras' functions traced again, with the new communicators."""
+    model.test_function = None
+    model.predict_function = None
+    model.make_train_function(force=True)
