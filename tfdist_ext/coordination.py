@@ -10,8 +10,28 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 
+_FOREVER_SECONDS = None  # exchanges wait as long as the store allows
 
-def exchange(prefix: str, value, num_workers: int, worker_index: int) -> list:
+
+class KeyValue:
+    """`set` / `get` on the coordination service's key-value store.
+
+    The interface every meeting place offers (`tfdist_ext.elastic.store.Client`
+    is the other): keys are set once; `get` waits up to `seconds` (None: as
+    long as the store allows).
+    """
+
+    def set(self, key: str, value: str):
+        _compat.coordination_service_kv()[0](key, str(value))
+
+    def get(self, key: str, seconds=None) -> str:
+        get_value = _compat.coordination_service_kv()[1]
+        if seconds is not None:
+            return get_value(key, timeout_in_ms=max(int(seconds * 1000), 1))
+        return get_value(key)
+
+
+def exchange(prefix: str, value, num_workers: int, worker_index: int, kv=None) -> list:
     """Every worker's `value` (as a string), in worker order.
 
     Args:
@@ -19,10 +39,11 @@ def exchange(prefix: str, value, num_workers: int, worker_index: int) -> list:
         value: This worker's value.
         num_workers: Workers in the job.
         worker_index: This worker's index.
+        kv: Where to meet (`KeyValue` by default).
     """
-    set_value, get_value = _compat.coordination_service_kv()
-    set_value(f"{prefix}/{worker_index}", str(value))
-    return [get_value(f"{prefix}/{w}") for w in range(num_workers)]
+    kv = kv or KeyValue()
+    kv.set(f"{prefix}/{worker_index}", str(value))
+    return [kv.get(f"{prefix}/{w}", _FOREVER_SECONDS) for w in range(num_workers)]
 
 
 def barrier(prefix: str, number: int, timeout: float, num_workers: int, worker_index: int):

@@ -130,7 +130,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         if not self._native_only:
             self.engines.check(config.allreduce)
 
-    def _make_parts(self, engine_role):
+    def _make_parts(self, engine_role, kv=None):
         """The parts this class delegates to, each in its own module."""
         config, group_size = self.config, self._group_size
         self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
@@ -139,19 +139,20 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self.engines = engines.Engines(
             config.engine, self._devices, group_size, self.first_rank,
             self._pair_group_key_base, ucx_timeout_seconds=config.allreduce.timeout_seconds,
-            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role)
+            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role, kv=kv)
 
-    def reconfigure(self, worker_index: int, num_workers: int, generation: int):
+    def reconfigure(self, worker_index: int, num_workers: int, generation: int, kv=None):
         """Goes on with another membership: `num_workers` workers, this one at `worker_index`.
 
         For elastic training (`tfdist_ext.elastic`) after a worker died: the
         algorithm choice, byte counts and engines are made again for the new
-        world (new communicators, rendezvous keys named by `generation`).
-        Functions traced before must be traced again.
+        world (new communicators, rendezvous keys named by `generation`, met
+        through `kv` as in `engines.Engines`). Functions traced before must be
+        traced again.
         """
         self._worker_index = worker_index
         self._group_size = num_workers * len(self._devices)
-        self._make_parts(f"{self._engine_role}-g{generation}")
+        self._make_parts(f"{self._engine_role}-g{generation}", kv)
 
     @property
     def devices(self) -> tuple:

@@ -70,7 +70,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             `fit` goes on with them, in the same processes
             (`tfdist_ext.elastic.recovery`). Needs the UCX engine, sync="sync",
             a fixed all-reduce algorithm, no compression or bucketing, and a
-            TF_CONFIG of "worker" tasks; worker 0 must survive. Defaults to
+            TF_CONFIG of "worker" tasks. Defaults to
             None: on when TFDIST_ELASTIC=1 (`tfdist-run --elastic`), else off
             (a dead worker stops the job).
         cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`
@@ -113,6 +113,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config = config
         self.cluster = spec
+        self.elastic = None  # set below, once the strategy works
         self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False
@@ -133,7 +134,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # After TF's coordination service, whose own SIGTERM handler this replaces.
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
-        self.elastic = None
         if elastic is not None and spec is not None and spec.num_workers > 1:
             if set(spec.without_servers().jobs) != {"worker"}:
                 raise ValueError("Argument `elastic` needs a TF_CONFIG cluster of 'worker' tasks "
@@ -147,18 +147,22 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             else:
                 liveness.watch(spec, self._abort_collectives)
 
-    def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int):
+    def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int,
+                            kv=None):
         """Goes on as worker `worker_index` of `num_workers` (elastic training).
 
-        The cross-device ops make new communicators, and datasets distributed
-        from now on are split among these workers.
+        The cross-device ops make new communicators (meeting through `kv`, as
+        `CrossDeviceOps.reconfigure`), datasets distributed from now on are
+        split among these workers, and worker 0 of them is the chief (it
+        checkpoints).
         """
         extended = self.extended
         extended._num_workers = num_workers  # pylint: disable=protected-access
         extended._id_in_cluster = worker_index  # pylint: disable=protected-access
-        self._cross_ops.reconfigure(worker_index, num_workers, generation)
+        extended._is_chief = worker_index == 0  # pylint: disable=protected-access
+        self._cross_ops.reconfigure(worker_index, num_workers, generation, kv)
         if extended._background_ops is not None:  # pylint: disable=protected-access
-            extended._background_ops.reconfigure(worker_index, num_workers, generation)  # pylint: disable=protected-access
+            extended._background_ops.reconfigure(worker_index, num_workers, generation, kv)  # pylint: disable=protected-access
 
     def _abort_collectives(self, reason):
         """Fails this worker's collectives on both engines (a peer is dead)."""
@@ -293,8 +297,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """
         if self.num_workers == 1:
             return [value]
+        kv = self.elastic.kv() if self.elastic is not None else None
         return coordination.exchange(f"tfdist/{self._collective_key_base}/{name}", value,
-                                     self.num_workers, self.worker_index)
+                                     self.num_workers, self.worker_index, kv)
 
     def barrier(self, timeout: float = 600.0):
         """Returns when every worker has called `barrier` as often (eager).

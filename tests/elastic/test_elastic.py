@@ -171,6 +171,24 @@ def test_the_environment_turns_it_on_for_an_unchanged_script():
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path):
+    codes, texts, results = _run_job(tmp_path, "chief", kill_worker=0, kill_step=10)
+    assert codes[0] == -9 and codes[1:] == [0, 0], [t[-3000:] for t in texts]
+    second, third = results[1], results[2]
+    assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
+    assert [f["dead"] for f in second["failures"]] == [[0]]
+    killed = float((tmp_path / "chief" / "killed.txt").read_text())
+    assert second["failures"][0]["time"] - killed < 10
+    assert "worker 1 is now the chief" in texts[1], texts[1][-3000:]
+    # Worker 0 died in epoch 1 (27 steps each) before its first checkpoint: worker 1
+    # wrote every one.
+    assert sorted(p.name for p in (tmp_path / "chief").glob("ckpt-*")) == [
+        f"ckpt-{e}.weights.h5" for e in range(1, 5)]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_the_launcher_lets_the_others_finish(tmp_path):
     code, out, _ = launch(3, [WORKER, tmp_path, 1, 40], options=["--elastic"], timeout=240)
     assert code == 0, out[-4000:]

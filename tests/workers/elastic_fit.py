@@ -8,7 +8,8 @@ itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
 weights, the strategy's recorded failures and members, the loss history and
-the test accuracy.
+the test accuracy; the chief (worker 0, or the lowest survivor after its death)
+writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch.
 """
 
 import hashlib
@@ -65,7 +66,9 @@ def main(out_dir, kill_worker, kill_step, epochs="4"):
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step)),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step))]
             if int(kill_step) >= 0 else [])
-    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill)
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        os.path.join(out_dir, "ckpt-{epoch}.weights.h5"), save_weights_only=True)
+    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint])
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
     optimizer = b"".join(np.asarray(v).tobytes() for v in model.optimizer.variables)

@@ -74,10 +74,12 @@ class Engines:
         graph_timeout_seconds: The graph engine's collective timeout (the
             strategy's `CommunicationOptions`), or None.
         role: The main engine's role (see `new`).
+        kv: Where the UCX engine's ranks meet to wire up (`UcxEngine`'s `kv`).
     """
 
     def __init__(self, engine, devices, world_size, first_rank, pair_group_key_base, *,
-                 ucx_timeout_seconds, graph_timeout_seconds, role="main"):
+                 ucx_timeout_seconds, graph_timeout_seconds, role="main", kv=None):
+        self.kv = kv
         self.engine = engine
         self.devices = devices
         self.world_size = world_size
@@ -129,7 +131,7 @@ class Engines:
             name = (f"{role}{first_instance_key or ''}-{self.world_size}x{len(self.devices)}"
                     f"-t{timeout:g}")
             return ucx_engine.engine_for(name, self.devices, self.world_size, self.first_rank,
-                                         timeout_seconds=timeout)
+                                         timeout_seconds=timeout, kv=self.kv)
         return graph_engine.GraphEngine(
             self.devices, self.world_size, self.first_rank, self.pair_group_key_base,
             timeout_seconds=self.graph_timeout_seconds, first_instance_key=first_instance_key)

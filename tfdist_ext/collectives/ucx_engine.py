@@ -61,7 +61,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, coordination
 from tfdist_ext.collectives import gather
 from tfdist_ext.collectives.schedule import Schedule, Send, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
@@ -130,6 +130,9 @@ class UcxEngine:
         in_process: Sum all-reduces in process when every rank is local.
         shared_memory: Sum all-reduces through shared memory when every rank
             is a one-replica process of this machine.
+        kv: Where ranks of other workers meet to wire up: an object with
+            ``set(key, value)`` and ``get(key, seconds)``; None is the
+            coordination service's store (`tfdist_ext.coordination.KeyValue`).
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -137,8 +140,10 @@ class UcxEngine:
     """
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
-                 segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True):
+                 segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True,
+                 kv=None):
         self._ops = ucx_ops.load()
+        self._kv = kv or coordination.KeyValue()
         self.name = name
         self.devices = tuple(devices)
         self.world_size = world_size
@@ -200,18 +205,15 @@ class UcxEngine:
         """Every rank's bytes for `topic`, in rank order (KV store across workers)."""
         if len(mine) == self.world_size:
             return list(mine)
-        kv = _compat.context.context()
         for i, value in enumerate(mine):
-            kv.set_config_key_value(self._key(self.first_rank + i, topic),
-                                    base64.b64encode(value).decode())
+            self._kv.set(self._key(self.first_rank + i, topic), base64.b64encode(value).decode())
         everyone = []
         for rank in range(self.world_size):
             local = rank - self.first_rank
             if 0 <= local < len(mine):
                 everyone.append(mine[local])
                 continue
-            value = kv.get_config_key_value(self._key(rank, topic),
-                                            timeout_in_ms=_RENDEZVOUS_SECONDS * 1000)
+            value = self._kv.get(self._key(rank, topic), _RENDEZVOUS_SECONDS)
             everyone.append(base64.b64decode(value))
         return everyone
 

@@ -14,16 +14,19 @@ Here, in order:
    (a survivor may have applied it, another not: step 5 makes them equal).
 3. Agree: the survivors health-check the members, report what they found
    and how many steps they ran, and the lowest-indexed survivor announces the
-   new membership (`membership.agree`, through the coordination service's
-   key-value store). Fewer than `min_workers` stops every survivor with an
-   error naming the missing workers.
+   new membership (`membership.agree`, in the survivor's key-value store,
+   `store.py`: TF's coordination service dies with worker 0). Fewer than
+   `min_workers` stops every survivor with an error naming the missing
+   workers.
 4. Rebuild: each survivor's cross-device ops take the new world size and
    rank and make new communicators (`CrossDeviceOps.reconfigure`); Keras'
    train, test and predict functions are traced again.
 5. Agree on state: the new rank 0 broadcasts the model's variables and the
    optimizer's (slots, iteration count) to the others, so all members hold
    the same weights whichever of them applied the failed step; survivors
-   that ran fewer steps skip the difference.
+   that ran fewer steps skip the difference. If worker 0 died, the new rank
+   0 becomes the chief: Keras' file-writing callbacks of the running `fit`
+   write where the user asked from then on (`keras.worker_callbacks`).
 
 Where Keras reads each worker's part of every global batch through a plain
 `tf.data` pipeline (`tfdist_ext.keras.local_input`: one replica per worker,
@@ -34,20 +37,20 @@ shard of the data and its per-replica batch, the global batch shrinks, and a
 dead worker's share of the rest of the `fit` is not trained on. Either way the
 gradient is the mean over the samples the members computed.
 
-Not covered yet: the death of worker 0 (its process hosts TF's coordination
-service, whose store the agreement uses), a replacement worker rejoining, and
-sync policies other than "sync".
+Not covered yet: a replacement worker rejoining, a death during `evaluate`,
+and sync policies other than "sync".
 """
 
+import contextlib
 import logging
 import time
 from typing import List
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, liveness
+from tfdist_ext import _compat, coordination, liveness
 from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.elastic import membership
+from tfdist_ext.elastic import membership, store
 
 log = logging.getLogger("tfdist_ext")
 HEALTH_TIMEOUT_SECONDS = 2.0
@@ -80,6 +83,28 @@ class Recovery:
         self._prefix = key_prefix
         self._addresses = dict(enumerate(strategy.cluster.worker_addresses))
         self._split = None
+        self._on_promotion = []
+        # Every worker serves a store; the members meet in the lowest one's.
+        self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
+        stores = coordination.exchange(f"{key_prefix}/elastic/stores", self._store.address,
+                                       len(self.members), self.me)
+        self._stores = dict(enumerate(stores))
+
+    def kv(self, leader=None):
+        """The meeting place of the members: the store of `leader` (default: the
+        lowest-indexed member). Same interface as `coordination.KeyValue`."""
+        leader = self.members[0] if leader is None else leader
+        return store.Client(self._stores[leader])
+
+    @contextlib.contextmanager
+    def on_promotion(self, callback):
+        """Within the context, `callback()` runs if this worker becomes the members'
+        worker 0 (the chief)."""
+        self._on_promotion.append(callback)
+        try:
+            yield
+        finally:
+            self._on_promotion.remove(callback)
 
     def data_split(self):
         """(part, parts): int64 variables of this worker's rank and the member count.
@@ -139,19 +164,24 @@ class Recovery:
         alive = membership.survivors(self.members, dead)
         self._check_enough(alive, dead)
         generation = self.generation + 1
-        kv_set, kv_get = _compat.coordination_service_kv()
+        meeting = self.kv(leader=min(alive))
         members, level = membership.agree(
-            kv_set, lambda key, seconds: kv_get(key, timeout_in_ms=int(seconds * 1000)),
-            f"{self._prefix}/elastic/{generation}", self.me, alive, steps,
-            self.options.recover_seconds)
+            meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,
+            steps, self.options.recover_seconds)
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
+        was_chief = self.members[0] == self.me
         self.generation, self.members = generation, members
         rank = membership.position(members, self.me)
-        self._strategy.reconfigure_workers(rank, len(members), generation)
+        self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
         if self._split is not None:
             self._split[0].assign(rank)
             self._split[1].assign(len(members))
+        if rank == 0 and not was_chief:
+            log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
+                        self.me)
+            for callback in list(self._on_promotion):
+                callback()
         self.failures.append({"generation": generation, "step": steps, "dead": lost,
                               "members": list(members),
                               "seconds": time.monotonic() - start, "time": time.time()})

@@ -28,7 +28,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import coordination
 
 log = logging.getLogger("tfdist_ext")
 WAIT_SECONDS = 300.0
@@ -82,13 +82,14 @@ def after_save(kind: str) -> None:
         _cluster["counts"][kind] += 1
         count = _cluster["counts"][kind]
     key = f"tfdist/saved/{kind}/{count}"
-    set_value, get_value = _compat.coordination_service_kv()
+    # Elastic training meets in the members' store (worker 0 may have died).
+    kv = strategy.elastic.kv() if getattr(strategy, "elastic", None) else coordination.KeyValue()
     if strategy.worker_index == 0:
-        set_value(key, "1")
+        kv.set(key, "1")
         return
     try:
-        get_value(key, timeout_in_ms=int(WAIT_SECONDS * 1000))
-    except tf.errors.DeadlineExceededError:
+        kv.get(key, WAIT_SECONDS)
+    except (tf.errors.DeadlineExceededError, TimeoutError):
         log.warning(
             "tfdist_ext: worker %d's save number %d (%s) returned without the chief's: "
             "the chief has not made that many saves in %g s. Call the save on every "

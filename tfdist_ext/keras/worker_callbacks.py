@@ -55,13 +55,19 @@ def for_this_worker(callbacks, strategy):
         return
     private = None if chief else tempfile.mkdtemp(prefix="tfdist-worker-")
     restore = []
+    elastic = getattr(strategy, "elastic", None)
     try:
         for callback in callbacks:
             if not chief:
                 _redirect(callback, private, restore)
         for callback in backups:
             _back_up_state(callback, strategy, private, restore)
-        yield
+        if elastic is None or chief:
+            yield
+        else:
+            redirected = list(restore)
+            with elastic.on_promotion(lambda: _write_where_asked(redirected)):
+                yield
     finally:
         for obj, name, value, existed in reversed(restore):
             if existed:
@@ -70,6 +76,15 @@ def for_this_worker(callbacks, strategy):
                 delattr(obj, name)
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
+
+
+def _write_where_asked(redirected):
+    """This worker became the chief (elastic training): ModelCheckpoint writes where
+    the user asked from now on. TensorBoard and CSVLogger opened their files at the
+    start of `fit` and keep them."""
+    for obj, name, value, existed in redirected:
+        if existed and isinstance(obj, keras.callbacks.ModelCheckpoint) and name == "filepath":
+            setattr(obj, name, value)
 
 
 def _set(restore, obj, name, value):
@@ -158,15 +173,16 @@ def _back_up_state(callback, strategy, private, restore):
     directory at the end of `fit` only after every worker has finished
     writing there.
     """
-    save_weights = (_atomic_save(callback) if private is None
-                    else _private_save(callback, private))
+    atomic = _atomic_save(callback)
+    private_save = None if private is None else _private_save(callback, private)
     load = callback.on_train_begin
     end = callback.on_train_end
     checkpoint = tf.train.Checkpoint(tfdist=strategy.state)
     directory = os.path.join(callback.backup_dir, f"tfdist-worker{strategy.worker_index}")
 
     def save_model():
-        save_weights()
+        # The chief's role can move to this worker during elastic training.
+        (atomic if strategy.extended.should_checkpoint else private_save)()
         staging = f"{directory}.saving"
         shutil.rmtree(staging, ignore_errors=True)
         checkpoint.write(os.path.join(staging, "state"))
@@ -190,7 +206,7 @@ def _back_up_state(callback, strategy, private, restore):
 
     def on_train_end(logs=None):
         strategy.exchange(f"backup-end/{next(_ends)}", 1)  # everyone has saved
-        if private is None:
+        if strategy.extended.should_checkpoint:
             end(logs)
 
     _set(restore, callback, "_save_model", save_model)

@@ -170,7 +170,7 @@ def build_parser():
                              "attempt in TFDIST_RESTART. With keras.callbacks."
                              "BackupAndRestore, training resumes from the last backup")
     parser.add_argument("--elastic", action="store_true",
-                        help="a worker other than worker 0 that dies does not stop the job: "
+                        help="a worker that dies does not stop the job: "
                              "the others go on without it (Strategy(elastic=True), turned "
                              "on for an unchanged script through TFDIST_ELASTIC=1)")
     parser.add_argument("--output", type=_output_mode, default="chief", metavar="WHICH",

@@ -149,9 +149,9 @@ class Launcher:
         output: Which workers' lines are shown: "chief" (each line once and
             worker 0's progress bar), "all", or a worker index
             (`tfdist_ext.launch.output`).
-        elastic: A worker other than worker 0 that fails does not stop the
-            others (they go on without it: `tfdist_ext.elastic`); the job
-            succeeds when every other worker does. Workers get
+        elastic: A worker that fails does not stop the others (they go on
+            without it: `tfdist_ext.elastic`); the job succeeds when every
+            other worker does. Workers get
             ``TFDIST_ELASTIC=1``, which `tfdist_ext.Strategy` reads.
     """
 
@@ -305,7 +305,8 @@ class Launcher:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
-                    if self.elastic and not worker.server and worker.index != 0:
+                    workers = [w for w in self.workers if not w.server]
+                    if self.elastic and not worker.server and len(self.lost) + 1 < len(workers):
                         self.lost.append(worker.index)
                         self.say(f"{worker.name} (pid {worker.process.pid}) "
                                  f"{describe_exit(code)}; the others go on without it "

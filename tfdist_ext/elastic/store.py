@@ -1,0 +1,86 @@
+"""A key-value store each worker serves, for meetings that must outlive worker 0.
+
+TF's coordination service, whose store `tfdist_ext.coordination` uses, runs in
+worker 0's process and dies with it. In elastic training every worker also
+serves this small store (Python's standard XML-RPC server, on a thread, on
+its TF_CONFIG host and a free port); the survivors of a failure meet in the
+store of the lowest-indexed survivor. Like TF's own gRPC server it is
+unauthenticated: run jobs on networks you trust.
+
+Keys are set once; `get` waits until the key exists or the timeout passes.
+"""
+
+import socketserver
+import threading
+import xmlrpc.client
+import xmlrpc.server
+
+
+_DAY_SECONDS = 86400.0
+
+
+class _Server(socketserver.ThreadingMixIn, xmlrpc.server.SimpleXMLRPCServer):
+    daemon_threads = True
+
+
+class Store:
+    """The store this worker serves (from a daemon thread, until the process exits).
+
+    Args:
+        host: The address to listen on (this worker's TF_CONFIG host).
+    """
+
+    def __init__(self, host: str):
+        self._values = {}
+        self._changed = threading.Condition()
+        self._server = _Server((host, 0), logRequests=False, allow_none=True)
+        self._server.register_function(self._set, "set")
+        self._server.register_function(self._get, "get")
+        self.address = f"{host}:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, name="tfdist-elastic-store",
+                         daemon=True).start()
+
+    def _set(self, key, value):
+        with self._changed:
+            if key in self._values:
+                return False
+            self._values[key] = value
+            self._changed.notify_all()
+            return True
+
+    def _get(self, key, seconds):
+        with self._changed:
+            self._changed.wait_for(lambda: key in self._values, max(float(seconds), 0.0))
+            return self._values.get(key)
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Client:
+    """`set` / `get` on the store at `address` ("host:port"); each call its own connection.
+
+    The same two methods as `tfdist_ext.coordination.KeyValue`.
+    """
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def _proxy(self):
+        return xmlrpc.client.ServerProxy(f"http://{self.address}", allow_none=True)
+
+    def set(self, key: str, value: str):
+        """Stores `value` under `key` (raises KeyError if the key was set before)."""
+        if not self._proxy().set(key, str(value)):
+            raise KeyError(f"{key!r} is already set in the store at {self.address}")
+
+    def get(self, key: str, seconds=None) -> str:
+        """The value of `key`, waiting up to `seconds` (None: a day); raises
+        TimeoutError if absent then."""
+        seconds = _DAY_SECONDS if seconds is None else seconds
+        value = self._proxy().get(key, float(seconds))
+        if value is None:
+            raise TimeoutError(f"{key!r} was not set in the store at {self.address} within "
+                               f"{seconds:g} s")
+        return value
