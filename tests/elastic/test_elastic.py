@@ -197,3 +197,31 @@ def test_the_launcher_lets_the_others_finish(tmp_path):
     first, third = (json.loads((tmp_path / f"w{i}.json").read_text()) for i in (0, 2))
     assert first["sha"] == third["sha"] and first["members"] == third["members"] == [0, 2]
     assert [f["dead"] for f in first["failures"]] == [[1]]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_benchmark_reports_each_failure(tmp_path):
+    out = tmp_path / "elastic.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--kill", "1@5",
+         "--epochs", "1", "--json", str(out), "--png", str(tmp_path / "elastic.png")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (failure,) = report["failures"]
+    assert failure["dead"] == [1] and failure["step"] == 5 and failure["members"] == [0]
+    assert 0 < failure["seconds_to_go_on"] < 10 and failure["steps_lost"] == {"0": 1}
+    assert report["with_failures"]["survivors"] == [0]
+    assert abs(report["accuracy_points_vs_uninterrupted"]) < 100
+    assert len(report["curves"]["with_failures"]) == len(report["curves"]["uninterrupted"])
+    assert (tmp_path / "elastic.png").stat().st_size > 1000
+
+
+def test_benchmark_refuses_a_kill_that_leaves_nobody():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers",
+                             "2", "--kill", "0@1,1@2"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 2 and "at least one worker must survive" in result.stderr

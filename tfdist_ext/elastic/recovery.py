@@ -68,9 +68,11 @@ class Recovery:
     Attributes:
         members: TF_CONFIG indices of the workers in the job now.
         generation: How many times the membership changed.
-        failures: One dict per change: "generation", "step", "dead",
-            "members", "seconds" (from the failed step to the new
-            membership) and "time" (`time.time()` then).
+        failures: One dict per change: "generation", "step" (this worker's
+            steps so far, the failed one included), "dead", "members",
+            "skipped" (steps this worker skips to be level with the others),
+            "seconds" (from the failed step to the new membership) and
+            "time" (`time.time()` then).
     """
 
     def __init__(self, strategy, options, key_prefix):
@@ -183,7 +185,7 @@ class Recovery:
             for callback in list(self._on_promotion):
                 callback()
         self.failures.append({"generation": generation, "step": steps, "dead": lost,
-                              "members": list(members),
+                              "members": list(members), "skipped": level - steps,
                               "seconds": time.monotonic() - start, "time": time.time()})
         log.warning("tfdist_ext: worker(s) %s died (%s); step %d discarded, %d worker(s) %s "
                     "go on (generation %d, %.1f s).", lost,

@@ -1,0 +1,231 @@
+"""Elastic training under injected failures: what a dead worker costs.
+
+    python bench/elastic.py --workers 3 --kill 2@30 --json docs/results/elastic_w3.json \
+        --png docs/results/elastic_w3.png
+    python bench/elastic.py --workers 4 --kill 0@20,3@70 ...
+
+Two jobs of plain TF_CONFIG processes (no launcher) train the same model from
+the same seed with `Strategy(elastic=True)`: one uninterrupted, one in which
+each `--kill WORKER@STEP` SIGKILLs that worker when it starts that training
+step (counted from the start of `fit`). Reported per failure: the seconds from
+the kill to the survivors going on (their new membership), the steps each
+survivor lost (the discarded step, plus any it skipped to be level with the
+others), and the members left; per job: the lowest surviving worker's loss
+curve (per step), its test accuracy and the wall-clock time. The PNG shows
+both loss curves with the failures marked.
+
+The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
+overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
+0.05/0.9, global batch 96, split by Keras' input among the workers.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--kill", default="2@30",
+                        help="comma-separated WORKER@STEP: kill WORKER at the start of STEP")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT_DIR
+    args = parser.parse_args(argv)
+    try:
+        args.kills = [tuple(int(v) for v in item.split("@")) for item in args.kill.split(",")
+                      if item]
+    except ValueError:
+        parser.error(f"argument --kill: {args.kill!r} must be WORKER@STEP[,WORKER@STEP...]")
+    for worker, step in args.kills:
+        if not 0 <= worker < args.workers or step < 0:
+            parser.error(f"argument --kill: {worker}@{step} names no worker of "
+                         f"{args.workers} or a negative step")
+    if len({w for w, _ in args.kills}) >= args.workers:
+        parser.error("argument --kill: at least one worker must survive")
+    return args
+
+
+# -- one worker ---------------------------------------------------------------
+
+def data(seed=0, n=12000, d=20, classes=4):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=0.35, size=(classes, d))
+    y = rng.integers(0, classes, size=n)
+    x = (centers[y] + rng.normal(size=(n, d))).astype("float32")
+    return x[:8000], y[:8000], x[8000:], y[8000:]
+
+
+def work(args):
+    """Trains as one worker; writes OUT_DIR/w{index}.json (and killed-{index}.txt)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist_ext  # pylint: disable=import-outside-toplevel
+
+    out = pathlib.Path(args.worker)
+    me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    strategy = tfdist_ext.Strategy(elastic=True)
+    x, y, x_test, y_test = data()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(128, activation="relu"),
+                                  keras.layers.Dense(128, activation="relu"),
+                                  keras.layers.Dense(4)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    curve = []
+
+    class Log(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if (me, Log.steps) in args.kills:
+                (out / f"killed-{me}.txt").write_text(repr(time.time()))
+            Log.steps += 1
+
+        def on_train_batch_end(self, batch, logs=None):
+            curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
+
+    kills = [tfdist_ext.elastic.KillAt(w, s) for w, s in args.kills]
+    start = time.time()
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(96), epochs=args.epochs,
+              verbose=0, callbacks=[Log()] + kills)
+    seconds = time.time() - start
+    accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
+    (out / f"w{me}.json").write_text(json.dumps({
+        "worker": me, "accuracy": accuracy, "seconds": seconds, "start": start,
+        "failures": strategy.elastic.failures, "members": list(strategy.elastic.members),
+        "curve": curve}))
+
+
+# -- the driver ---------------------------------------------------------------
+
+def job(args, name, kills, out_root):
+    """Runs one job; returns {worker: record} of the workers that finished."""
+    from tfdist_ext.launch import free_ports, tf_configs  # pylint: disable=import-outside-toplevel
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(args.workers)])
+    kill = ",".join(f"{w}@{s}" for w, s in kills) or ""
+    procs = []
+    for i, config in enumerate(configs):
+        env = dict(os.environ, TF_CONFIG=config,
+                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        command = [sys.executable, __file__, "--worker", str(out), "--workers",
+                   str(args.workers), "--epochs", str(args.epochs), "--kill", kill]
+        with open(out / f"w{i}.log", "w", encoding="utf-8") as log:
+            procs.append(subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + args.timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(deadline - time.monotonic(), 1)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+    records = {}
+    for i in range(args.workers):
+        path = out / f"w{i}.json"
+        if path.exists():
+            records[i] = json.loads(path.read_text())
+    killed = {int(p.stem.split("-")[1]): float(p.read_text()) for p in out.glob("killed-*.txt")}
+    return codes, records, killed
+
+
+def summarize(args, whole, broken, killed, codes):
+    lowest = min(broken)
+    failures = []
+    for failure in broken[lowest]["failures"]:
+        (dead,) = failure["dead"] if len(failure["dead"]) == 1 else (failure["dead"][0],)
+        lost = {w: 1 + next((f["skipped"] for f in r["failures"]
+                             if f["generation"] == failure["generation"]), 0)
+                for w, r in broken.items()}
+        failures.append({
+            "dead": failure["dead"], "step": failure["step"] - 1, "members": failure["members"],
+            "seconds_to_go_on": failure["time"] - killed[dead] if dead in killed else None,
+            "steps_lost": lost})
+    reference = whole[min(whole)]
+    return {
+        "workers": args.workers, "kills": args.kills, "epochs": args.epochs,
+        "exit_codes": codes, "cores": os.cpu_count(),
+        "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
+                          "final_loss": reference["curve"][-1][2]},
+        "with_failures": {"accuracy": broken[lowest]["accuracy"],
+                          "seconds": broken[lowest]["seconds"],
+                          "final_loss": broken[lowest]["curve"][-1][2],
+                          "survivors": sorted(broken)},
+        "accuracy_points_vs_uninterrupted": 100 * (broken[lowest]["accuracy"]
+                                                   - reference["accuracy"]),
+        "failures": failures,
+        "curves": {"uninterrupted": reference["curve"], "with_failures": broken[lowest]["curve"]},
+    }
+
+
+def plot(result, path):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, curve in result["curves"].items():
+        ax.plot([c[0] for c in curve], [c[2] for c in curve], label=name, lw=1)
+    for f in result["failures"]:
+        ax.axvline(f["step"], color="red", ls="--", lw=0.8)
+        ax.text(f["step"], ax.get_ylim()[1], f" worker {f['dead']} killed", color="red",
+                fontsize=7, va="top")
+    ax.set(xlabel="training step", ylabel="loss (running mean of the epoch)",
+           title=f"{result['workers']} workers, elastic: accuracy "
+                 f"{result['with_failures']['accuracy']:.3f} with failures, "
+                 f"{result['uninterrupted']['accuracy']:.3f} without")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        work(args)
+        return 0
+    import tempfile  # pylint: disable=import-outside-toplevel
+    root = pathlib.Path(tempfile.mkdtemp(prefix="tfdist-elastic-bench-"))
+    _, whole, _ = job(args, "uninterrupted", [], root)
+    codes, broken, killed = job(args, "with_failures", args.kills, root)
+    dead = {w for w, _ in args.kills}
+    expected = [w for w in range(args.workers) if w not in dead]
+    if sorted(whole) != list(range(args.workers)) or sorted(broken) != expected:
+        print(f"FAIL: jobs did not finish as expected (uninterrupted {sorted(whole)}, with "
+              f"failures {sorted(broken)} of {expected}); logs in {root}", flush=True)
+        return 1
+    result = summarize(args, whole, broken, killed, codes)
+    for f in result["failures"]:
+        print(f"worker(s) {f['dead']} killed at step {f['step']}: survivors {f['members']} "
+              f"went on {f['seconds_to_go_on']:.2f} s later; steps lost {f['steps_lost']}",
+              flush=True)
+    print(f"accuracy {result['with_failures']['accuracy']:.4f} with failures, "
+          f"{result['uninterrupted']['accuracy']:.4f} uninterrupted "
+          f"({result['accuracy_points_vs_uninterrupted']:+.2f} points); wall-clock "
+          f"{result['with_failures']['seconds']:.1f} s vs "
+          f"{result['uninterrupted']['seconds']:.1f} s", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.png:
+        plot(result, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
