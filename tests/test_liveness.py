@@ -26,8 +26,8 @@ def test_a_bad_peer_timeout_is_named(text):
 def test_nothing_is_watched_alone_or_when_turned_off(monkeypatch):
     alone = cluster.parse_tf_config(
         '{"cluster": {"worker": ["a:1"], "ps": ["b:2"]}, "task": {"type": "worker", "index": 0}}')
-    assert liveness.watch(alone, lambda reason: None) is None  # servers are not watched
+    assert liveness.watch(alone, lambda reason, task: None) is None  # servers are not watched
     monkeypatch.setenv("TFDIST_PEER_TIMEOUT", "0")
     pair = cluster.parse_tf_config(
         '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}')
-    assert liveness.watch(pair, lambda reason: None) is None
+    assert liveness.watch(pair, lambda reason, task: None) is None

@@ -82,7 +82,7 @@ class Watcher:
         self.me, self.timeout = me, timeout
         self.keep_watching = keep_watching
         self.peers = dict(peers)
-        self.aborts: List[Callable[[str], None]] = []
+        self.aborts: List[Callable[[str, str], None]] = []  # (reason, dead task)
         self.reason: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tfdist-liveness", daemon=True)
@@ -100,7 +100,10 @@ class Watcher:
             if failed is not None and failed.split(" ", 1)[0] in self.peers:
                 task, error = failed.split(" ", 1)
                 self._fail(task, f"its script ended with {error}")
-                return
+                if not self.keep_watching:
+                    return
+                del self.peers[task]
+                continue
             for task in list(self.peers):
                 if self._stop.is_set():
                     return
@@ -135,7 +138,7 @@ class Watcher:
         log.error("%s", self.reason)
         for abort in self.aborts:
             try:
-                abort(self.reason)
+                abort(self.reason, task)
             except Exception as err:  # pylint: disable=broad-except
                 log.warning("tfdist_ext: aborting collectives failed: %s", err)
 
@@ -170,12 +173,14 @@ def _announce_exit(watcher: Watcher):
         os._exit(1)  # pylint: disable=protected-access
 
 
-def watch(spec, abort: Callable[[str], None], keep_watching: bool = False) -> Optional[Watcher]:
+def watch(spec, abort: Callable[[str, str], None],
+          keep_watching: bool = False) -> Optional[Watcher]:
     """Starts (once per process) watching the other workers of `spec`; adds `abort`.
 
     Args:
         spec: The job's `cluster.ClusterSpec` (parameter servers are not watched).
-        abort: Called with the reason when a peer is found dead.
+        abort: Called with the reason and the dead peer's task name when a
+            peer is found dead.
         keep_watching: As in `Watcher` (elastic training); set by the first
             strategy that starts the watcher.
 

@@ -95,7 +95,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
         elastic = elastic_options.get(elastic)
         if elastic is not None:
-            elastic.check(config)
+            elastic.check(config, cluster.cluster_from_env() if cluster_resolver is None
+                          else None)
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         if cluster_resolver is not None:
             os.environ[cluster.TF_CONFIG] = cluster.tf_config_from_resolver(cluster_resolver)
@@ -135,10 +136,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self.preemption = preemption.Preemption(self.extended.worker_devices[0])
         self.preemption.install_handler()
         if elastic is not None and spec is not None and spec.num_workers > 1:
-            if set(spec.without_servers().jobs) != {"worker"}:
-                raise ValueError("Argument `elastic` needs a TF_CONFIG cluster of 'worker' tasks "
-                                 f"only; this one has {sorted(spec.jobs)}. Name the chief "
-                                 "worker 0 instead (tfdist-run does).")
+            if len(self.extended.worker_devices) != 1:
+                raise ValueError(f"Argument `elastic` needs one replica per worker; this "
+                                 f"worker has {len(self.extended.worker_devices)}. Run one "
+                                 "worker process per device.")
             self.elastic = recovery.Recovery(self, elastic,
                                              f"tfdist/{self._collective_key_base}")
         if spec is not None:
@@ -156,16 +157,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         split among these workers, and worker 0 of them is the chief (it
         checkpoints).
         """
-        extended = self.extended
-        extended._num_workers = num_workers  # pylint: disable=protected-access
-        extended._id_in_cluster = worker_index  # pylint: disable=protected-access
-        extended._is_chief = worker_index == 0  # pylint: disable=protected-access
-        self._cross_ops.reconfigure(worker_index, num_workers, generation, kv)
-        if extended._background_ops is not None:  # pylint: disable=protected-access
-            extended._background_ops.reconfigure(worker_index, num_workers, generation, kv)  # pylint: disable=protected-access
+        self.extended.reconfigure(worker_index, num_workers, generation, kv)
 
-    def _abort_collectives(self, reason):
-        """Fails this worker's collectives on both engines (a peer is dead)."""
+    def _abort_collectives(self, reason, task=None):
+        """Fails this worker's collectives on both engines (peer `task` is dead)."""
+        del task
         _compat.abort_collective_ops(reason)
         if self._cross_ops.engines.engine == "ucx":
             ucx_engine.abort(reason)
@@ -290,7 +286,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         return tf.nest.pack_sequence_as(value, list(reduced))
 
     def exchange(self, name: str, value: str):
-        """Every worker's `value`, in worker order, through the coordination service.
+        """Every worker's `value`, in worker order, through the coordination service
+        (elastic training: the members' store, `tfdist_ext.elastic.store`).
 
         Blocks until every worker has called `exchange` with the same `name`
         (use each name once per strategy). Without TF_CONFIG returns [value].

@@ -85,6 +85,17 @@ class Extended(_compat.CollectiveAllReduceExtended):
             self._background_ops.calibration = main.calibration
         return self._background_ops
 
+    def reconfigure(self, worker_index, num_workers, generation, kv=None):
+        """Goes on as worker `worker_index` of `num_workers` (elastic training): TF's
+        view of the cluster (input splitting, the chief) and the cross-device ops
+        (`CrossDeviceOps.reconfigure`)."""
+        self._num_workers = num_workers
+        self._id_in_cluster = worker_index
+        self._is_chief = worker_index == 0
+        self._cross_device_ops.reconfigure(worker_index, num_workers, generation, kv)
+        if self._background_ops is not None:
+            self._background_ops.reconfigure(worker_index, num_workers, generation, kv)
+
     def _reduce_to(self, reduce_op, value, destinations, options):
         # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).
         if not _compat.is_distributed_value(value) and _compat.nest.is_nested(value):

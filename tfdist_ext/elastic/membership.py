@@ -51,8 +51,17 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
             or the leader did not publish within `timeout`.
     """
     alive = tuple(sorted(set(alive) | {me}))
-    kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps)}))
     leader = alive[0]
+    try:
+        return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout)
+    except (OSError, EOFError) as err:  # the leader's store is unreachable
+        raise MembershipError(f"worker {me}: the meeting place of the survivors, worker "
+                              f"{leader}'s store, failed ({type(err).__name__}: {err}): "
+                              "it died too during the recovery.") from None
+
+
+def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
+    kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps)}))
     if me == leader:
         deadline = time.monotonic() + timeout
         reports: Dict[int, dict] = {}
@@ -67,11 +76,12 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
         kv_set(f"{prefix}/members", json.dumps(decision))
     else:
         try:
-            decision = json.loads(kv_get(f"{prefix}/members", timeout))
-        except Exception as err:  # pylint: disable=broad-except
+            # Twice the leader's wait: it may have noticed the death later than this one.
+            decision = json.loads(kv_get(f"{prefix}/members", 2 * timeout))
+        except (TimeoutError, KeyError) as err:
             raise MembershipError(
                 f"worker {me}: worker {leader}, the lowest-indexed survivor, did not announce "
-                f"the new membership within {timeout:g} s ({err}); raise "
+                f"the new membership within {2 * timeout:g} s ({err}); raise "
                 "Elastic(recover_seconds=...) on slow links.") from None
     members = tuple(decision["members"])
     if me not in members:

@@ -22,7 +22,9 @@ class Elastic:
     Args:
         min_workers: Fewest workers to go on with; below it every survivor
             stops with an error naming the missing workers. Set it to the
-            smallest job whose global batch still trains well.
+            smallest job that still trains well, and to more than half the
+            workers where a network partition could leave two halves that
+            each think the other died (each would go on alone).
         recover_seconds: How long survivors wait for each other while they
             agree on the new membership (a survivor notices a death within
             about a second; raise it on slow links).
@@ -42,11 +44,12 @@ class Elastic:
             raise ValueError(f"`recover_seconds` of Elastic must be a finite number > 0; "
                              f"received {self.recover_seconds!r}.")
 
-    def check(self, config):
+    def check(self, config, spec=None):
         """Raises ValueError unless the strategy's other choices can run elastically.
 
         Args:
             config: The strategy's `StrategyConfig`.
+            spec: The job's `cluster.ClusterSpec` from TF_CONFIG, if any.
         """
         from tfdist_ext.collectives import engines  # pylint: disable=import-outside-toplevel
 
@@ -64,6 +67,10 @@ class Elastic:
             problems.append(f"compression={config.compression.name!r} (needs 'none')")
         if config.bucketing is not None:
             problems.append(f"bucketing={config.bucketing} (needs None)")
+        if spec is not None and set(spec.without_servers().jobs) != {"worker"}:
+            problems.append(f"a TF_CONFIG cluster with jobs {sorted(spec.jobs)} (needs "
+                            "'worker' tasks only: name the chief worker 0, as tfdist-run "
+                            "does)")
         if problems:
             raise ValueError("Argument `elastic` cannot be combined with " + "; ".join(problems)
                              + ". Drop those arguments, or pass elastic=False.")

@@ -43,6 +43,7 @@ and sync policies other than "sync".
 
 import contextlib
 import logging
+import threading
 import time
 from typing import List
 
@@ -84,7 +85,13 @@ class Recovery:
         self._strategy = strategy
         self._prefix = key_prefix
         self._addresses = dict(enumerate(strategy.cluster.worker_addresses))
-        self._split = None
+        # Keras' input splits each global batch by these (`data_split`); made here,
+        # outside any strategy scope, so that they stay this worker's own.
+        self._split = (tf.Variable(self.me, dtype=tf.int64, trainable=False,
+                                   name="elastic_part"),
+                       tf.Variable(len(self.members), dtype=tf.int64, trainable=False,
+                                   name="elastic_parts"))
+        self._lock = threading.Lock()  # the watcher's aborts against a membership change
         self._on_promotion = []
         # Every worker serves a store; the members meet in the lowest one's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
@@ -114,18 +121,15 @@ class Recovery:
         Keras' input (`tfdist_ext.keras.local_input`) splits each global
         batch by them, so after a failure the survivors share whole batches.
         """
-        if self._split is None:
-            with tf.init_scope():
-                self._split = (
-                    tf.Variable(membership.position(self.members, self.me), dtype=tf.int64,
-                                trainable=False, name="elastic_part"),
-                    tf.Variable(len(self.members), dtype=tf.int64, trainable=False,
-                                name="elastic_parts"))
         return self._split
 
-    def abort_communicators(self, reason: str):
-        """Fails the collectives in flight (the watcher found `reason`); new ones work."""
-        ucx_engine.abort(reason, later=False)
+    def abort_communicators(self, reason: str, task: str):
+        """Fails the collectives in flight if `task` (a TF task name, from the watcher)
+        is a member; communicators made later work. A worker the members already
+        went on without is ignored: its death must not fail their new communicators."""
+        with self._lock:
+            if any(liveness.task_name("worker", m) == task for m in self.members):
+                ucx_engine.abort(reason, later=False)
 
     def dead_members(self) -> List[int]:
         """Members other than this worker whose TF server does not answer."""
@@ -173,12 +177,12 @@ class Recovery:
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
         was_chief = self.members[0] == self.me
-        self.generation, self.members = generation, members
         rank = membership.position(members, self.me)
-        self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
-        if self._split is not None:
-            self._split[0].assign(rank)
-            self._split[1].assign(len(members))
+        with self._lock:
+            self.generation, self.members = generation, members
+            self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
+        self._split[0].assign(rank)
+        self._split[1].assign(len(members))
         if rank == 0 and not was_chief:
             log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
                         self.me)

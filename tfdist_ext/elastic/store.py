@@ -10,6 +10,7 @@ unauthenticated: run jobs on networks you trust.
 Keys are set once; `get` waits until the key exists or the timeout passes.
 """
 
+import socket
 import socketserver
 import threading
 import xmlrpc.client
@@ -19,24 +20,37 @@ import xmlrpc.server
 _DAY_SECONDS = 86400.0
 
 
+_MARGIN_SECONDS = 30.0  # a call's socket timeout beyond the wait it asks for
+
+
 class _Server(socketserver.ThreadingMixIn, xmlrpc.server.SimpleXMLRPCServer):
     daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class Store:
     """The store this worker serves (from a daemon thread, until the process exits).
 
     Args:
-        host: The address to listen on (this worker's TF_CONFIG host).
+        host: The host the others reach this worker at (its TF_CONFIG host);
+            the store listens on every interface of that address family.
     """
 
     def __init__(self, host: str):
         self._values = {}
         self._changed = threading.Condition()
-        self._server = _Server((host, 0), logRequests=False, allow_none=True)
+        host = host.strip("[]")
+        ipv6 = ":" in host
+        server = _Server6 if ipv6 else _Server
+        self._server = server(("::" if ipv6 else "0.0.0.0", 0), logRequests=False,
+                              allow_none=True)
         self._server.register_function(self._set, "set")
         self._server.register_function(self._get, "get")
-        self.address = f"{host}:{self._server.server_address[1]}"
+        port = self._server.server_address[1]
+        self.address = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
         threading.Thread(target=self._server.serve_forever, name="tfdist-elastic-store",
                          daemon=True).start()
 
@@ -67,20 +81,35 @@ class Client:
     def __init__(self, address: str):
         self.address = address
 
-    def _proxy(self):
-        return xmlrpc.client.ServerProxy(f"http://{self.address}", allow_none=True)
+    def _proxy(self, seconds):
+        return xmlrpc.client.ServerProxy(f"http://{self.address}", allow_none=True,
+                                         transport=_Transport(seconds + _MARGIN_SECONDS))
 
     def set(self, key: str, value: str):
         """Stores `value` under `key` (raises KeyError if the key was set before)."""
-        if not self._proxy().set(key, str(value)):
+        if not self._proxy(0).set(key, str(value)):
             raise KeyError(f"{key!r} is already set in the store at {self.address}")
 
     def get(self, key: str, seconds=None) -> str:
         """The value of `key`, waiting up to `seconds` (None: a day); raises
         TimeoutError if absent then."""
         seconds = _DAY_SECONDS if seconds is None else seconds
-        value = self._proxy().get(key, float(seconds))
+        value = self._proxy(seconds).get(key, float(seconds))
         if value is None:
             raise TimeoutError(f"{key!r} was not set in the store at {self.address} within "
                                f"{seconds:g} s")
         return value
+
+
+class _Transport(xmlrpc.client.Transport):
+    """HTTP with a socket timeout: a store whose process is stopped or whose host
+    hangs fails the call instead of blocking it."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self._seconds = seconds
+
+    def make_connection(self, host):
+        connection = super().make_connection(host)
+        connection.timeout = self._seconds
+        return connection

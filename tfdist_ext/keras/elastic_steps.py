@@ -13,15 +13,15 @@ end of `fit`.
 """
 
 import functools
-import logging
+import weakref
 
 import tensorflow as tf
 
-log = logging.getLogger("tfdist_ext")
+_progress = weakref.WeakKeyDictionary()  # model -> _Progress
 
 
 class _Progress:
-    """Steps this worker ran under a strategy (the same count on every worker)."""
+    """Train-function calls of one model on this worker, and calls left to skip."""
 
     def __init__(self):
         self.steps = 0
@@ -30,19 +30,25 @@ class _Progress:
 
 
 def wrap(train_function, model, strategy):
-    """`train_function` (Keras' `model.train_function`) that survives a worker's death."""
+    """`train_function` (Keras' `model.train_function`) that survives a worker's death.
+
+    Raises:
+        ValueError: The model runs several steps per call (`steps_per_execution`).
+    """
+    if _batches_per_call(model) != 1:
+        raise ValueError(f"Elastic training (Strategy(elastic=...)) needs "
+                         f"steps_per_execution=1 in compile(); received "
+                         f"{_batches_per_call(model)}: a failed call would lose an unknown "
+                         "number of batches.")
     recovery = strategy.elastic
-    progress = getattr(recovery, "progress", None)
-    if progress is None:
-        progress = recovery.progress = _Progress()
+    progress = _progress.setdefault(model, _Progress())
 
     @functools.wraps(train_function)
     def run(iterator):
         progress.steps += 1
         if progress.skip > 0:
             progress.skip -= 1
-            for _ in range(_batches_per_call(model)):
-                next(iterator)
+            next(iterator)
             return progress.logs
         try:
             logs = train_function(iterator)
@@ -60,7 +66,8 @@ def wrap(train_function, model, strategy):
 
 
 def _batches_per_call(model):
-    return int(getattr(model, "steps_per_execution", 1) or 1)
+    value = getattr(model, "steps_per_execution", 1)
+    return 1 if value is None else value
 
 
 def _retrace(model):

@@ -89,7 +89,7 @@ def after_save(kind: str) -> None:
         return
     try:
         kv.get(key, WAIT_SECONDS)
-    except (tf.errors.DeadlineExceededError, TimeoutError):
+    except (tf.errors.DeadlineExceededError, TimeoutError, OSError):
         log.warning(
             "tfdist_ext: worker %d's save number %d (%s) returned without the chief's: "
             "the chief has not made that many saves in %g s. Call the save on every "
