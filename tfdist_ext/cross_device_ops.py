@@ -18,6 +18,8 @@ Routing (`_all_reduce`):
       not support (see `engine.SUPPORTED_DTYPES`) are delegated to TF's native
       path, which all-gathers IndexedSlices instead of densifying them (an
       embedding gradient stays sparse) and reports unsupported dtypes itself.
+      With `densify_sparse` (elastic training) IndexedSlices are made dense
+      and fused like any gradient.
     * Zero-size tensors pass through without communication.
     * MEAN divides the sum by the global replica count at the end exactly as
       TF's native path does (``value / group_size``): integer tensors become
@@ -119,6 +121,9 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._pair_group_key_base = pair_group_key_base
         self._engine_role = engine_role
         self._state = None
+        # Elastic training: IndexedSlices (embedding gradients) are made dense and
+        # take the engine's path, since TF's collectives cannot change members.
+        self.densify_sparse = False
         self._make_parts(engine_role)
         self._gradient_reduction = False
         self._compression = None  # `compression_replaced`
@@ -267,8 +272,11 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                     result = _compat.nest.map_structure(tf.identity, result)
             return result
         options = self._options.merge(options or _compat.CommunicationOptions())
-        flat, native, empty, fused = fusion.partition(_compat.nest.flatten(value),
-                                                      engine_lib.SUPPORTED_DTYPES)
+        values = _compat.nest.flatten(value)
+        if self.densify_sparse:
+            values = [tf.convert_to_tensor(v) if isinstance(v, tf.IndexedSlices) else v
+                      for v in values]
+        flat, native, empty, fused = fusion.partition(values, engine_lib.SUPPORTED_DTYPES)
         results = [None] * len(flat)
         for i in empty:
             results[i] = self._finish(reduce_op, flat[i], replica_id)

@@ -140,6 +140,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                 raise ValueError(f"Argument `elastic` needs one replica per worker; this "
                                  f"worker has {len(self.extended.worker_devices)}. Run one "
                                  "worker process per device.")
+            self._cross_ops.densify_sparse = True
             self.elastic = recovery.Recovery(self, elastic,
                                              f"tfdist/{self._collective_key_base}")
         if spec is not None:

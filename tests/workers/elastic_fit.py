@@ -1,9 +1,11 @@
 """Worker program for tests/elastic: a fit that survives a worker killed mid-way.
 
-    python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS]
+    python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS [MODEL]]
 
-Every worker trains the same MLP on its shard of a fixed synthetic dataset
-with `Strategy(elastic=True)` and momentum SGD; worker KILL_WORKER SIGKILLs
+Every worker trains the same MLP (MODEL "mlp", the default; "embedding": an
+Embedding layer, whose gradients are IndexedSlices, on integer features) on
+its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
+momentum SGD; worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
@@ -49,16 +51,26 @@ class Stamp(keras.callbacks.Callback):
         self.steps += 1
 
 
-def main(out_dir, kill_worker, kill_step, epochs="4"):
+def build(name):
+    if name == "embedding":
+        return keras.Sequential([keras.Input((20,), dtype="int32"),
+                                 keras.layers.Embedding(16, 4), keras.layers.Flatten(),
+                                 keras.layers.Dense(4)])
+    return keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(4)])
+
+
+def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp"):
     started = time.time()
     pid = os.getpid()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     strategy = tfdist_ext.Strategy(elastic=True)
     x, y, x_test, y_test = data()
+    if model_name == "embedding":  # features quantized into 16 tokens
+        x, x_test = (np.clip(np.round(v * 2) + 8, 0, 15).astype("int32") for v in (x, x_test))
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(4)])
+        model = build(model_name)
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
