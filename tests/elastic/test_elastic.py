@@ -15,10 +15,12 @@ import pytest
 
 import tfdist_ext
 from conftest import ROOT, launch
+from tfdist_ext import cluster
 from tfdist_ext.elastic import Elastic, MembershipError, membership
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.launch import free_ports, tf_configs
 from tfdist_ext.ops import ucx as ucx_ops
+from tfdist_ext.strategy_config import StrategyConfig
 
 WORKER = ROOT / "tests" / "workers" / "elastic_fit.py"
 NO_UCX = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")
@@ -228,3 +230,14 @@ def test_benchmark_refuses_a_kill_that_leaves_nobody():
                              "2", "--kill", "0@1,1@2"], capture_output=True, text=True,
                             timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 2 and "at least one worker must survive" in result.stderr
+
+
+def test_a_cluster_with_a_chief_job_is_refused():
+    spec = cluster.parse_tf_config(json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1000"], "worker": ["127.0.0.1:1001"]},
+        "task": {"type": "worker", "index": 0}}))
+    config = StrategyConfig.from_args(engine="tf")
+    with pytest.raises(ValueError) as info:
+        Elastic().check(config, spec)
+    assert "a TF_CONFIG cluster with jobs ['chief', 'worker'] (needs 'worker' tasks only" \
+        in str(info.value)
