@@ -113,13 +113,14 @@ def _start(configs, index, out, log, *args):
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _run_job(tmp_path, name, kill_worker, kill_step, workers=3):
+def _run_job(tmp_path, name, kill_worker, kill_step, workers=3, extra=()):
     out = tmp_path / name
     out.mkdir()
     configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
     logs = [out / f"w{i}.log" for i in range(workers)]
     files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
-    procs = [_start(configs, i, out, files[i], kill_worker, kill_step) for i in range(workers)]
+    procs = [_start(configs, i, out, files[i], kill_worker, kill_step, *extra)
+             for i in range(workers)]
     try:
         codes = [p.wait(timeout=240) for p in procs]
     finally:
@@ -186,6 +187,20 @@ def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path):
     # wrote every one.
     assert sorted(p.name for p in (tmp_path / "chief").glob("ckpt-*")) == [
         f"ckpt-{e}.weights.h5" for e in range(1, 5)]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_death_during_validation_is_survived(tmp_path):
+    codes, texts, results = _run_job(tmp_path, "validation", kill_worker=2, kill_step=5,
+                                     extra=(4, "mlp", "test"))
+    assert codes[2] == -9 and codes[:2] == [0, 0], [t[-3000:] for t in texts]
+    first, second = results[0], results[1]
+    assert first["sha"] == second["sha"] and first["members"] == [0, 1]
+    (failure,) = first["failures"]
+    assert failure["dead"] == [2]
+    assert first["loss"][-1] < first["loss"][0]
 
 
 @NO_UCX

@@ -1,11 +1,12 @@
 """Worker program for tests/elastic: a fit that survives a worker killed mid-way.
 
-    python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS [MODEL]]
+    python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS [MODEL [PHASE]]]
 
 Every worker trains the same MLP (MODEL "mlp", the default; "embedding": an
 Embedding layer, whose gradients are IndexedSlices, on integer features) on
 its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
-momentum SGD; worker KILL_WORKER SIGKILLs
+momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
+steps); worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
@@ -38,17 +39,24 @@ def data(seed=0, n=6656, d=20, classes=4):
 class Stamp(keras.callbacks.Callback):
     """Writes OUT_DIR/killed.txt (the time) where and when KillAt will kill."""
 
-    def __init__(self, out_dir, worker, step):
+    def __init__(self, out_dir, worker, step, phase):
         super().__init__()
         self.path = os.path.join(out_dir, "killed.txt")
-        self.worker, self.step, self.steps = worker, step, 0
+        self.worker, self.step, self.steps, self.phase = worker, step, 0, phase
         self.me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 
+    def _begin(self, phase):
+        if phase == self.phase:
+            if self.me == self.worker and self.steps == self.step:
+                with open(self.path, "w", encoding="utf-8") as f:
+                    f.write(repr(time.time()))
+            self.steps += 1
+
     def on_train_batch_begin(self, batch, logs=None):
-        if self.me == self.worker and self.steps == self.step:
-            with open(self.path, "w", encoding="utf-8") as f:
-                f.write(repr(time.time()))
-        self.steps += 1
+        self._begin("train")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._begin("test")
 
 
 def build(name):
@@ -60,7 +68,7 @@ def build(name):
                              keras.layers.Dense(4)])
 
 
-def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp"):
+def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="train"):
     started = time.time()
     pid = os.getpid()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -75,12 +83,14 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp"):
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
-    kill = ([Stamp(out_dir, int(kill_worker), int(kill_step)),
-             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step))]
+    kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), phase),
+             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=phase)]
             if int(kill_step) >= 0 else [])
+    validation = (x_test[:1024], y_test[:1024]) if phase == "test" else None
     checkpoint = keras.callbacks.ModelCheckpoint(
         os.path.join(out_dir, "ckpt-{epoch}.weights.h5"), save_weights_only=True)
-    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint])
+    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint],
+                        validation_data=validation, validation_batch_size=96)
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
     optimizer = b"".join(np.asarray(v).tobytes() for v in model.optimizer.variables)

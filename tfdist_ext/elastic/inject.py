@@ -20,23 +20,33 @@ class KillAt(keras.callbacks.Callback):
     Args:
         worker: TF_CONFIG task index of the worker to kill.
         step: Training steps counted from the start of `fit` (across
-            epochs, from 0).
+            epochs, from 0); with ``phase="test"`` validation steps.
         signal: The signal to send (SIGKILL: no clean-up runs; SIGSTOP
             freezes the process instead).
+        phase: "train", or "test" to kill during `fit`'s validation.
     """
 
-    def __init__(self, worker: int, step: int, signal=signal_lib.SIGKILL):
+    def __init__(self, worker: int, step: int, signal=signal_lib.SIGKILL, phase="train"):
         super().__init__()
         if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
             raise ValueError(f"Argument `worker` must be an integer >= 0; received {worker!r}.")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"Argument `step` must be an integer >= 0; received {step!r}.")
-        self.worker, self.step, self.signal = worker, step, signal
+        if phase not in ("train", "test"):
+            raise ValueError(f"Argument `phase` must be 'train' or 'test'; received {phase!r}.")
+        self.worker, self.step, self.signal, self.phase = worker, step, signal, phase
         self._steps = 0
         config = json.loads(os.environ.get("TF_CONFIG") or "{}")
         self._me = config.get("task", {}).get("index")
 
+    def _step(self, phase):
+        if phase == self.phase:
+            if self._me == self.worker and self._steps == self.step:
+                os.kill(os.getpid(), self.signal)
+            self._steps += 1
+
     def on_train_batch_begin(self, batch, logs=None):
-        if self._me == self.worker and self._steps == self.step:
-            os.kill(os.getpid(), self.signal)
-        self._steps += 1
+        self._step("train")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._step("test")

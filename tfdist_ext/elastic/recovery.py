@@ -37,8 +37,10 @@ shard of the data and its per-replica batch, the global batch shrinks, and a
 dead worker's share of the rest of the `fit` is not trained on. Either way the
 gradient is the mean over the samples the members computed.
 
-Not covered yet: a replacement worker rejoining, a death during `evaluate`,
-and sync policies other than "sync".
+The same holds for a test step (`evaluate`, or `fit`'s validation): the
+failed batch is left out of the metrics. Not covered yet: a replacement worker
+rejoining, a second death during a recovery, and sync policies other than
+"sync".
 """
 
 import contextlib

@@ -1,8 +1,9 @@
-"""Keras' train function under elastic training: a step that fails because a worker
-died is discarded, and `fit` goes on with the survivors (`tfdist_ext.elastic`).
+"""Keras' train and test functions under elastic training: a step that fails because
+a worker died is discarded, and `fit` (or `evaluate`, validation included) goes on
+with the survivors (`tfdist_ext.elastic`).
 
-`tfdist_ext.keras.hooks` wraps the train function that Keras' `fit` calls
-once per step (per `steps_per_execution` steps). On a failed step the
+`tfdist_ext.keras.hooks` wraps the train and test functions that Keras calls
+once per step; a failed test step's batch is left out of the metrics. On a failed step the
 wrapper has the strategy's `elastic.recovery.Recovery` agree on the survivors
 and rebuild the communicators, traces Keras' functions again, gives every
 member rank 0's weights and optimizer state, and returns the last good step's
@@ -17,7 +18,7 @@ import weakref
 
 import tensorflow as tf
 
-_progress = weakref.WeakKeyDictionary()  # model -> _Progress
+_progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
 
 class _Progress:
@@ -29,8 +30,9 @@ class _Progress:
         self.logs = {}
 
 
-def wrap(train_function, model, strategy):
-    """`train_function` (Keras' `model.train_function`) that survives a worker's death.
+def wrap(train_function, model, strategy, phase="train"):
+    """`train_function` (Keras' `model.train_function`, or with ``phase="test"``
+    its `test_function`) that survives a worker's death.
 
     Raises:
         ValueError: The model runs several steps per call (`steps_per_execution`).
@@ -41,7 +43,7 @@ def wrap(train_function, model, strategy):
                          f"{_batches_per_call(model)}: a failed call would lose an unknown "
                          "number of batches.")
     recovery = strategy.elastic
-    progress = _progress.setdefault(model, _Progress())
+    progress = _progress.setdefault(model, {}).setdefault(phase, _Progress())
 
     @functools.wraps(train_function)
     def run(iterator):
@@ -71,7 +73,10 @@ def _batches_per_call(model):
 
 
 def _retrace(model):
-    """Keras' functions traced again, with the new communicators."""
-    model.test_function = None
+    """Keras' functions traced again, with the new communicators (the ones a running
+    `fit` or `evaluate` calls again at once; the others when next used)."""
     model.predict_function = None
-    model.make_train_function(force=True)
+    if model.train_function is not None:
+        model.make_train_function(force=True)
+    if model.test_function is not None:
+        model.make_test_function(force=True)

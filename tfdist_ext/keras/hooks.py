@@ -98,8 +98,11 @@ def wrap_make_test_function(original):
     def make_test_function(self, force=False):
         if self.test_function is not None and not force:
             return original(self, force=force)
-        _build_with_step(self, self.distribute_strategy, "test_step", self.test_step,
+        strategy = self.distribute_strategy
+        _build_with_step(self, strategy, "test_step", self.test_step,
                          lambda: original(self, force=force))
+        if getattr(strategy, "elastic", None) is not None:
+            self.test_function = elastic_steps.wrap(self.test_function, self, strategy, "test")
         return self.test_function
 
     return make_test_function
