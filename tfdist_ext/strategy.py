@@ -93,10 +93,18 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                  startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None,
                  elastic=None):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
+        from_environment = elastic is None
         elastic = elastic_options.get(elastic)
         if elastic is not None:
-            elastic.check(config, cluster.cluster_from_env() if cluster_resolver is None
-                          else None)
+            try:
+                elastic.check(config, cluster.cluster_from_env() if cluster_resolver is None
+                              else None)
+            except ValueError as err:
+                if not from_environment:
+                    raise
+                raise ValueError(f"{err} (elastic training is on because the environment has "
+                                 f"{elastic_options.VARIABLE}=1, e.g. from `tfdist-run "
+                                 "--elastic`.)") from None
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         if cluster_resolver is not None:
             os.environ[cluster.TF_CONFIG] = cluster.tf_config_from_resolver(cluster_resolver)

@@ -163,6 +163,16 @@ def test_survivors_of_a_killed_worker_finish_the_fit_in_their_processes(tmp_path
     assert first["accuracy"] >= whole[0]["accuracy"] - 0.01, (first, whole[0])
 
 
+@NO_UCX
+def test_a_conflict_from_the_environment_says_where_it_came_from(monkeypatch):
+    monkeypatch.setenv("TFDIST_ELASTIC", "1")
+    with pytest.raises(ValueError) as info:
+        tfdist_ext.Strategy(compression="topk", num_replicas=2)
+    assert "compression='topk' (needs 'none')" in str(info.value)
+    assert "the environment has TFDIST_ELASTIC=1, e.g. from `tfdist-run --elastic`" in \
+        str(info.value)
+
+
 def test_the_environment_turns_it_on_for_an_unchanged_script():
     assert elastic_options.get(None, {}) is None
     assert elastic_options.get(None, {"TFDIST_ELASTIC": "1"}) == Elastic()
