@@ -3,6 +3,7 @@
     python bench/elastic.py --workers 3 --kill 2@30 --json docs/results/elastic_w3.json \
         --png docs/results/elastic_w3.png
     python bench/elastic.py --workers 4 --kill 0@20,3@70 ...
+    python bench/elastic.py --workers 3 --mtbf 20 --failures 5 --epochs 80 ...
 
 Two jobs of plain TF_CONFIG processes (no launcher) train the same model from
 the same seed with `Strategy(elastic=True)`: one uninterrupted, one in which
@@ -13,6 +14,14 @@ survivor lost (the discarded step, plus any it skipped to be level with the
 others), and the members left; per job: the lowest surviving worker's loss
 curve (per step), its test accuracy and the wall-clock time. The PNG shows
 both loss curves with the failures marked.
+
+`--mtbf SECONDS` is a random killer instead (torchft's punisher): after
+exponentially distributed intervals of that mean it SIGKILLs a random worker
+other than worker 0 (whose process runs TF's coordination service) that is in
+the job, and starts it again with its TF_CONFIG after
+`tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the replacement
+rejoins. Stops killing after `--failures`. Reported per failure as well: the
+seconds from the kill to the job's return to full size.
 
 The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
 overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
@@ -36,6 +45,10 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--kill", default="2@30",
                         help="comma-separated WORKER@STEP: kill WORKER at the start of STEP")
+    parser.add_argument("--mtbf", type=float, default=0.0,
+                        help="random killer: mean seconds between kills (0: use --kill)")
+    parser.add_argument("--failures", type=int, default=5, help="kills of the random killer")
+    parser.add_argument("--seed", type=int, default=0, help="the random killer's seed")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--json", default=None)
@@ -47,10 +60,16 @@ def parse_args(argv=None):
                       if item]
     except ValueError:
         parser.error(f"argument --kill: {args.kill!r} must be WORKER@STEP[,WORKER@STEP...]")
+    if args.mtbf:
+        args.kills = []
     for worker, step in args.kills:
         if not 0 <= worker < args.workers or step < 0:
             parser.error(f"argument --kill: {worker}@{step} names no worker of "
                          f"{args.workers} or a negative step")
+    if args.mtbf:
+        if args.mtbf < 0 or args.workers < 2 or args.failures < 1:
+            parser.error("argument --mtbf: needs a value > 0, --workers >= 2 and "
+                         "--failures >= 1")
     if len({w for w, _ in args.kills}) >= args.workers:
         parser.error("argument --kill: at least one worker must survive")
     return args
@@ -97,7 +116,8 @@ def work(args):
             Log.steps += 1
 
         def on_train_batch_end(self, batch, logs=None):
-            curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
+            if logs and "loss" in logs:
+                curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
 
     kills = [tfdist_ext.elastic.KillAt(w, s) for w, s in args.kills]
     start = time.time()
@@ -108,32 +128,41 @@ def work(args):
     (out / f"w{me}.json").write_text(json.dumps({
         "worker": me, "accuracy": accuracy, "seconds": seconds, "start": start,
         "failures": strategy.elastic.failures, "members": list(strategy.elastic.members),
+        "joins": strategy.elastic.joins, "replacement": strategy.elastic.replacement,
         "curve": curve}))
 
 
 # -- the driver ---------------------------------------------------------------
 
-def job(args, name, kills, out_root):
-    """Runs one job; returns {worker: record} of the workers that finished."""
+def job(args, name, kills, out_root, killer=False):
+    """Runs one job (`killer`: with the random killer); returns its exit codes,
+    {worker: record} of the workers that finished and {worker: kill time}, or with
+    the killer the list of its kills as (worker, time)."""
     from tfdist_ext.launch import free_ports, tf_configs  # pylint: disable=import-outside-toplevel
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(args.workers)])
     kill = ",".join(f"{w}@{s}" for w, s in kills) or ""
-    procs = []
-    for i, config in enumerate(configs):
-        env = dict(os.environ, TF_CONFIG=config,
+
+    def start(i, tag=""):
+        env = dict(os.environ, TF_CONFIG=configs[i], TFDIST_ELASTIC="1",
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, __file__, "--worker", str(out), "--workers",
                    str(args.workers), "--epochs", str(args.epochs), "--kill", kill]
-        with open(out / f"w{i}.log", "w", encoding="utf-8") as log:
-            procs.append(subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
-                                          stderr=subprocess.STDOUT))
+        with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
+            return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT)
+
+    procs = [start(i) for i in range(args.workers)]
     deadline = time.monotonic() + args.timeout
+    kills_done = _random_kills(args, procs, start, out, deadline) if killer else None
     codes = []
-    for p in procs:
+    for i, p in enumerate(procs):
+        # Once worker 0 ended, a replacement that never got in waits for a job
+        # that is gone: 30 s more at most.
+        left = deadline - time.monotonic() if i == 0 else min(deadline - time.monotonic(), 30)
         try:
-            codes.append(p.wait(timeout=max(deadline - time.monotonic(), 1)))
+            codes.append(p.wait(timeout=max(left, 1)))
         except subprocess.TimeoutExpired:
             p.kill()
             codes.append(p.wait())
@@ -143,7 +172,47 @@ def job(args, name, kills, out_root):
         if path.exists():
             records[i] = json.loads(path.read_text())
     killed = {int(p.stem.split("-")[1]): float(p.read_text()) for p in out.glob("killed-*.txt")}
-    return codes, records, killed
+    return codes, records, (kills_done if killer else killed)
+
+
+def _random_kills(args, procs, start, out, deadline):
+    """The random killer: SIGKILLs a worker in the job (not worker 0) after exponential
+    intervals of mean `args.mtbf` and starts it again; returns [(worker, time)]."""
+    import random  # pylint: disable=import-outside-toplevel
+
+    from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS  # pylint: disable=import-outside-toplevel
+    rng = random.Random(args.seed)
+    began, kills, restarts = time.monotonic(), [], 0
+    joined = {i: True for i in range(len(procs))}  # in the job (a replacement: once joined)
+    next_kill = began + 10.0 + rng.expovariate(1.0 / args.mtbf)  # after start-up
+    while len(kills) < args.failures and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if procs[0].poll() is not None:
+            break  # the job ended
+        for i, tag in list(joined.items()):
+            if tag is not True and "joined at step" in tag.read_text(errors="replace"):
+                joined[i] = True
+        ready = [i for i in range(1, len(procs)) if joined[i] is True
+                 and procs[i].poll() is None]
+        if time.monotonic() < next_kill or not ready:
+            continue
+        victim = rng.choice(ready)
+        procs[victim].kill()
+        procs[victim].wait()
+        kills.append((victim, time.time()))
+        print(f"random killer: killed worker {victim} at {time.monotonic() - began:.1f} s",
+              flush=True)
+        time.sleep(REPLACEMENT_DELAY_SECONDS)
+        restarts += 1
+        procs[victim] = start(victim, f"-r{restarts}")
+        joined[victim] = out / f"w{victim}-r{restarts}.log"
+        next_kill = time.monotonic() + rng.expovariate(1.0 / args.mtbf)
+    return kills
+
+
+def thin(curve, points=2000):
+    """Every k-th (step, time, loss) of `curve`, at most about `points` of them."""
+    return curve[::max(1, len(curve) // points)]
 
 
 def summarize(args, whole, broken, killed, codes):
@@ -171,7 +240,46 @@ def summarize(args, whole, broken, killed, codes):
         "accuracy_points_vs_uninterrupted": 100 * (broken[lowest]["accuracy"]
                                                    - reference["accuracy"]),
         "failures": failures,
-        "curves": {"uninterrupted": reference["curve"], "with_failures": broken[lowest]["curve"]},
+        "curves": {"uninterrupted": thin(reference["curve"]),
+                   "with_failures": thin(broken[lowest]["curve"])},
+    }
+
+
+def summarize_random(args, whole, broken, kills, codes):
+    """The random killer's job: per kill, seconds to go on and to full size, steps lost."""
+    chief, reference = broken[0], whole[min(whole)]
+    failures, used, joins = [], set(), chief["joins"]
+    for victim, when in kills:
+        failure = next((f for f in chief["failures"] if victim in f["dead"]
+                        and f["generation"] not in used and f["time"] >= when - 1), None)
+        if failure is None:
+            continue
+        used.add(failure["generation"])
+        join = next((j for j in joins if victim in j["joined"] and j["time"] > when), None)
+        failures.append({
+            "dead": failure["dead"], "step": failure["step"] - 1,
+            "members": failure["members"], "seconds_to_go_on": failure["time"] - when,
+            "seconds_to_full_size": None if join is None else join["time"] - when,
+            "steps_lost": {"0": 1 + failure["skipped"]}})
+    full = [f["seconds_to_full_size"] for f in failures if f["seconds_to_full_size"]]
+    return {
+        "workers": args.workers, "mtbf": args.mtbf, "kills": len(kills),
+        "epochs": args.epochs, "exit_codes": codes, "cores": os.cpu_count(),
+        "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
+                          "final_loss": reference["curve"][-1][2]},
+        "with_failures": {"accuracy": chief["accuracy"], "seconds": chief["seconds"],
+                          "final_loss": chief["curve"][-1][2], "survivors": sorted(broken),
+                          "members": chief["members"],
+                          "accuracy_by_worker": {str(w): r["accuracy"]
+                                                 for w, r in sorted(broken.items())}},
+        "accuracy_points_vs_uninterrupted": 100 * (chief["accuracy"] - reference["accuracy"]),
+        "failures": failures,
+        "mean_seconds_to_go_on": sum(f["seconds_to_go_on"] for f in failures)
+        / max(len(failures), 1),
+        "mean_seconds_to_full_size": sum(full) / len(full) if full else None,
+        "mean_steps_lost": sum(f["steps_lost"]["0"] for f in failures) / max(len(failures), 1),
+        "curves": {"uninterrupted": thin(reference["curve"]),
+                   "with_failures": thin(chief["curve"])},
     }
 
 
@@ -182,11 +290,12 @@ def plot(result, path):
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for name, curve in result["curves"].items():
         ax.plot([c[0] for c in curve], [c[2] for c in curve], label=name, lw=1)
-    for f in result["failures"]:
+    ax.set_yscale("log")
+    for i, f in enumerate(result["failures"]):
         ax.axvline(f["step"], color="red", ls="--", lw=0.8)
-        ax.text(f["step"], ax.get_ylim()[1], f" worker {f['dead']} killed", color="red",
-                fontsize=7, va="top")
-    ax.set(xlabel="training step", ylabel="loss (running mean of the epoch)",
+        ax.text(f["step"], ax.get_ylim()[1] * 0.6 ** (i % 4), f" worker {f['dead']} killed",
+                color="red", fontsize=7, va="top")
+    ax.set(xlabel="training step", ylabel="loss (running mean of the epoch, log)",
            title=f"{result['workers']} workers, elastic: accuracy "
                  f"{result['with_failures']['accuracy']:.3f} with failures, "
                  f"{result['uninterrupted']['accuracy']:.3f} without")
@@ -203,6 +312,8 @@ def main(argv=None):
     import tempfile  # pylint: disable=import-outside-toplevel
     root = pathlib.Path(tempfile.mkdtemp(prefix="tfdist-elastic-bench-"))
     _, whole, _ = job(args, "uninterrupted", [], root)
+    if args.mtbf:
+        return random_killer(args, whole, root)
     codes, broken, killed = job(args, "with_failures", args.kills, root)
     dead = {w for w, _ in args.kills}
     expected = [w for w in range(args.workers) if w not in dead]
@@ -220,6 +331,33 @@ def main(argv=None):
           f"({result['accuracy_points_vs_uninterrupted']:+.2f} points); wall-clock "
           f"{result['with_failures']['seconds']:.1f} s vs "
           f"{result['uninterrupted']['seconds']:.1f} s", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.png:
+        plot(result, args.png)
+    return 0
+
+
+def random_killer(args, whole, root):
+    codes, broken, kills = job(args, "with_failures", [], root, killer=True)
+    everyone = list(range(args.workers))
+    if sorted(whole) != everyone or sorted(broken) != everyone or len(kills) < args.failures:
+        print(f"FAIL: {len(kills)} of {args.failures} kills (raise --epochs if the job ended "
+              f"first); finished: uninterrupted {sorted(whole)}, with failures "
+              f"{sorted(broken)}; logs in {root}", flush=True)
+        return 1
+    result = summarize_random(args, whole, broken, kills, codes)
+    for f in result["failures"]:
+        print(f"worker(s) {f['dead']} killed at step {f['step']}: went on "
+              f"{f['seconds_to_go_on']:.2f} s later, full size after "
+              f"{f['seconds_to_full_size'] or float('nan'):.1f} s; steps lost "
+              f"{f['steps_lost']['0']}", flush=True)
+    print(f"{len(result['failures'])} failures: mean {result['mean_seconds_to_go_on']:.2f} s to "
+          f"go on, {result['mean_seconds_to_full_size'] or float('nan'):.1f} s to full size, "
+          f"{result['mean_steps_lost']:.1f} steps lost; accuracy "
+          f"{result['with_failures']['accuracy']:.4f} with failures, "
+          f"{result['uninterrupted']['accuracy']:.4f} uninterrupted "
+          f"({result['accuracy_points_vs_uninterrupted']:+.2f} points)", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     if args.png:

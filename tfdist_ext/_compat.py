@@ -11,6 +11,8 @@ checked, in `tfdist_ext.keras.patches`, the one module that installs them.
 """
 
 # pylint: disable=unused-import,g-direct-tensorflow-import
+import os
+
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import collective_util
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
@@ -28,6 +30,7 @@ from tensorflow.python.framework import errors_impl
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.trackable import base as trackable_base
 from tensorflow.python.util import nest
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
@@ -49,6 +52,7 @@ TFConfigClusterResolver = tfconfig_cluster_resolver.TFConfigClusterResolver
 # strategy's variable creator, as TF's CollectiveReplicaLauncher relies on for
 # its ordering tokens.
 ResourceVariable = resource_variable_ops.ResourceVariable
+CheckpointInitialValue = trackable_base.CheckpointInitialValue
 init_scope = ops.init_scope
 # TF's fusion rule for CommunicationOptions.bytes_per_pack: packs of at least
 # bytes_per_pack bytes, in order (0: one pack).
@@ -127,6 +131,16 @@ def context_initialized():
     return context.context()._context_handle is not None  # pylint: disable=protected-access
 
 
+ELASTIC_HEARTBEAT_MS = 4000  # a replacement can register this long after a death
+_elastic_context = []  # [True] once the context was configured for replacements
+
+
+def elastic_context() -> bool:
+    """Whether TF's coordination service was configured to take a replacement worker
+    (TFDIST_ELASTIC=1 when the context was prepared)."""
+    return bool(_elastic_context)
+
+
 def prepare_multi_worker_context(cluster_spec, task_type, task_id):
     """Configures this process as a worker of `cluster_spec` before TF starts.
 
@@ -154,12 +168,21 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id):
                                                               task_id),
         scoped_allocator_enabled_ops=("CollectiveReduce",),
         device_filters=(f"/job:{task_type}/task:{task_id}",))
+    # Elastic jobs (TFDIST_ELASTIC=1): a replacement worker may register again with
+    # the same task name once the service has marked the dead one (after the heartbeat
+    # timeout), and a worker's death does not fail the others' agents.
+    elastic = os.environ.get("TFDIST_ELASTIC") == "1"
     ctx.configure_coordination_service(
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(cluster_spec),
         coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
             name=job, num_tasks=cluster_spec.num_tasks(job))
-            for job in ("chief", "worker") if job in cluster_spec.jobs])
+            for job in ("chief", "worker") if job in cluster_spec.jobs],
+        heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else 0,
+        allow_new_incarnation_to_reconnect=elastic)
+    if elastic:
+        ctx.coordination_service.recoverable_jobs.append("worker")
+        _elastic_context.append(True)
     ctx.enable_collective_ops(tensorflow_server_pb2.ServerDef(
         cluster=cluster_spec.as_cluster_def(), default_session_config=ctx.config,
         job_name=task_type, task_index=task_id, protocol="grpc", port=0))

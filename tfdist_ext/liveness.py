@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Callable, List, Optional
 
 from tfdist_ext import _compat
@@ -38,6 +39,9 @@ TIMEOUT_VARIABLE = "TFDIST_PEER_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 2.0
 INTERVAL_SECONDS = 0.5
 MISSES = 2
+# A replacement's checks may fail on TF's stale channel to the dead process: the
+# UCX collectives' own no-progress timeout covers a death in this time.
+REWATCH_GRACE_SECONDS = 30.0
 _DONE_KEY = "tfdist_ext/liveness/done/{task}"
 _FAILED_KEY = "tfdist_ext/liveness/failed"
 _watcher: Optional["Watcher"] = None
@@ -82,22 +86,37 @@ class Watcher:
         self.me, self.timeout = me, timeout
         self.keep_watching = keep_watching
         self.peers = dict(peers)
+        self._misses = {task: 0 for task in self.peers}
+        self._grace = {}  # task -> until when its failed checks do not count
+        self._reported = set()  # failure reports (the store's) acted on
         self.aborts: List[Callable[[str, str], None]] = []  # (reason, dead task)
         self.reason: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tfdist-liveness", daemon=True)
 
     def start(self):
+        if self.keep_watching:  # a replacement: the death it replaces is not news
+            self._reported.add(_stored(_FAILED_KEY, timeout_in_ms=1))
         self._thread.start()
 
     def stop(self):
         self._stop.set()
 
+    def watch_again(self, task: str, address: str, grace: float):
+        """Watches `task` again (a replacement took the place of a dead one); its failed
+        checks count only after a success or `grace` seconds (TF's channel to the old
+        process may keep failing for a while)."""
+        self._misses[task] = 0
+        self._grace[task] = time.monotonic() + grace
+        self.peers[task] = address
+
     def _run(self):
-        misses = {task: 0 for task in self.peers}
+        misses = self._misses
         while not self._stop.wait(INTERVAL_SECONDS):
             failed = _stored(_FAILED_KEY, timeout_in_ms=1)  # "<task> <its error>"
-            if failed is not None and failed.split(" ", 1)[0] in self.peers:
+            if (failed is not None and failed not in self._reported
+                    and failed.split(" ", 1)[0] in self.peers):
+                self._reported.add(failed)  # a replacement of that task is new
                 task, error = failed.split(" ", 1)
                 self._fail(task, f"its script ended with {error}")
                 if not self.keep_watching:
@@ -110,6 +129,9 @@ class Watcher:
                 problem = self._check(task)
                 if problem is None:
                     misses[task] = 0
+                    self._grace.pop(task, None)
+                elif time.monotonic() < self._grace.get(task, 0.0):
+                    continue
                 elif _stored(_DONE_KEY.format(task=task), timeout_in_ms=100) is not None:
                     del self.peers[task]  # it finished its script: nothing to watch
                 else:
@@ -126,6 +148,8 @@ class Watcher:
             return None
         except Exception as err:  # pylint: disable=broad-except  (any failure is a miss)
             text = " ".join(str(getattr(err, "message", err)).split())
+            if self.keep_watching and restarted(err):
+                return None  # a replacement with the same task name: alive
             if "Deadline" in type(err).__name__ or "deadline" in text.lower():
                 return (f"no answer to {MISSES} health checks of {self.timeout:g} s "
                         "(stopped, hung or unreachable)")
@@ -141,6 +165,13 @@ class Watcher:
                 abort(self.reason, task)
             except Exception as err:  # pylint: disable=broad-except
                 log.warning("tfdist_ext: aborting collectives failed: %s", err)
+
+
+def restarted(err) -> bool:
+    """Whether a failed health check says the peer's process was replaced: TF knows its
+    earlier incarnation, and the new one answered (elastic training takes it in)."""
+    text = str(getattr(err, "message", err))
+    return "FailedPrecondition" in type(err).__name__ and "incarnation" in text
 
 
 def _stored(key, timeout_in_ms) -> Optional[str]:
@@ -202,3 +233,10 @@ def watch(spec, abort: Callable[[str, str], None],
         _watcher.start()
     _watcher.aborts.append(abort)
     return _watcher
+
+
+def rewatch(task: str, address: str, grace: float = REWATCH_GRACE_SECONDS):
+    """Watches `task` ("/job:worker/replica:0/task:2", at "host:port") again: it was
+    found dead and a replacement took its place (elastic training)."""
+    if _watcher is not None and task != _watcher.me:
+        _watcher.watch_again(task, address, grace)

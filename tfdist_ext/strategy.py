@@ -151,6 +151,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             self._cross_ops.densify_sparse = True
             self.elastic = recovery.Recovery(self, elastic,
                                              f"tfdist/{self._collective_key_base}")
+            if not _compat.elastic_context():
+                log.warning("tfdist_ext: elastic training without %s=1 in the environment "
+                            "at import: the survivors of a death go on, but a worker "
+                            "started again cannot rejoin (TF's coordination service was "
+                            "not told to take it). Set %s=1 for every worker, as "
+                            "`tfdist-run --elastic` does.", elastic_options.VARIABLE,
+                            elastic_options.VARIABLE)
         if spec is not None:
             if self.elastic is not None:
                 liveness.watch(spec, self.elastic.abort_communicators, keep_watching=True)
@@ -303,6 +310,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """
         if self.num_workers == 1:
             return [value]
+        if self._catching_up():
+            # A replacement's meetings at the start of its fit: the members held
+            # theirs long ago, with the same values (the same script).
+            return [str(value)] * self.num_workers
         kv = self.elastic.kv() if self.elastic is not None else None
         return coordination.exchange(f"tfdist/{self._collective_key_base}/{name}", value,
                                      self.num_workers, self.worker_index, kv)
@@ -328,6 +339,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         coordination.barrier(f"tfdist/{self._collective_key_base}/barrier",
                              next(self._barriers), timeout, self.num_workers, self.worker_index)
 
+    def _catching_up(self) -> bool:
+        """A replacement worker between its start and its first training step: the
+        members' meetings of that stretch are long past (`tfdist_ext.elastic`)."""
+        return self.elastic is not None and (self.elastic.joining or self.elastic.catching_up)
+
     @property
     def collective_key_range(self):
         """(first, last + 1) collective group keys this strategy may use."""
@@ -341,7 +357,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         the plain cross-replica reduction, so `axis` is dropped for scalars.
         """
 
-        if (self._worker_local and tf.inside_function()) or self._local_logs:
+        if (self._worker_local and tf.inside_function()) or self._local_logs or \
+                self._catching_up():  # Keras' reduce of a first batch (symbolic build)
             return _compat.nest.map_structure(
                 lambda v: _reduce_on_worker(self, reduce_op, v, axis), value)
 
@@ -349,6 +366,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             leaf_axis = None if axis is None or _rank(v) == 0 else axis
             return super(Strategy, self).reduce(reduce_op, v, leaf_axis)
 
+        if self.elastic is not None and not tf.inside_function():
+            # Keras reads its metrics (an all-reduce) between steps: a death there
+            # is survived too.
+            return self.elastic.between_steps(
+                lambda: _compat.nest.map_structure(reduce_one, value))
         return _compat.nest.map_structure(reduce_one, value)
 
 

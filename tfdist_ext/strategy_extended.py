@@ -85,6 +85,25 @@ class Extended(_compat.CollectiveAllReduceExtended):
             self._background_ops.calibration = main.calibration
         return self._background_ops
 
+    def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
+        # MWMS broadcasts initial values from the chief with TF's collectives, which
+        # cannot change members: a worker joining an elastic job, and everyone after a
+        # membership change, takes its own (elastic state comes from rank 0 later).
+        elastic = getattr(self._container_strategy(), "elastic", None)
+        if replica_id != 0 or elastic is None or not (elastic.joining or elastic.generation):
+            return super()._get_variable_creator_initial_value(
+                replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
+
+        def initial_value_fn():
+            with _compat.ops.device(device):
+                value = kwargs["initial_value"]
+                value = value() if callable(value) else value
+                if isinstance(value, _compat.CheckpointInitialValue):
+                    value = value.wrapped_value
+                return _compat.ops.convert_to_tensor(value, dtype=kwargs.get("dtype", None))
+
+        return initial_value_fn
+
     def reconfigure(self, worker_index, num_workers, generation, kv=None):
         """Goes on as worker `worker_index` of `num_workers` (elastic training): TF's
         view of the cluster (input splitting, the chief) and the cross-device ops

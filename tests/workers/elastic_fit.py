@@ -6,18 +6,23 @@ Every worker trains the same MLP (MODEL "mlp", the default; "embedding": an
 Embedding layer, whose gradients are IndexedSlices, on integer features) on
 its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
 momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
-steps); worker KILL_WORKER SIGKILLs
+steps; "epoch_end": the kill comes after batch KILL_STEP of the first epoch
+instead of before step KILL_STEP, so the last batch of the epoch leaves the
+others in Keras' reading of its metrics); worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
 weights, the strategy's recorded failures and members, the loss history and
 the test accuracy; the chief (worker 0, or the lowest survivor after its death)
-writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch.
+writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch. With WAIT_REJOIN=1 in
+the environment, the members sleep 1 s after each step while the job is
+short of a worker (at most 120 s), leaving a replacement time to start and join.
 """
 
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -47,7 +52,8 @@ class Stamp(keras.callbacks.Callback):
 
     def _begin(self, phase):
         if phase == self.phase:
-            if self.me == self.worker and self.steps == self.step:
+            if (self.me == self.worker and self.steps == self.step
+                    and not self.model.distribute_strategy.elastic.replacement):
                 with open(self.path, "w", encoding="utf-8") as f:
                     f.write(repr(time.time()))
             self.steps += 1
@@ -57,6 +63,19 @@ class Stamp(keras.callbacks.Callback):
 
     def on_test_batch_begin(self, batch, logs=None):
         self._begin("test")
+
+
+class WaitForRejoin(keras.callbacks.Callback):
+    """Slows the members' steps while a worker is missing (a replacement is starting)."""
+
+    def __init__(self, strategy, workers):
+        super().__init__()
+        self.strategy, self.workers, self.waited = strategy, workers, 0.0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if len(self.strategy.elastic.members) < self.workers and self.waited < 120:
+            time.sleep(1.0)
+            self.waited += 1.0
 
 
 def build(name):
@@ -85,7 +104,13 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=phase)]
-            if int(kill_step) >= 0 else [])
+            if int(kill_step) >= 0 and phase != "epoch_end" else [])
+    if phase == "epoch_end" and index == int(kill_worker):
+        kill.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: os.kill(os.getpid(), signal.SIGKILL)
+            if batch == int(kill_step) else None))
+    if os.environ.get("WAIT_REJOIN") == "1":
+        kill.append(WaitForRejoin(strategy, strategy.num_workers))
     validation = (x_test[:1024], y_test[:1024]) if phase == "test" else None
     checkpoint = keras.callbacks.ModelCheckpoint(
         os.path.join(out_dir, "ckpt-{epoch}.weights.h5"), save_weights_only=True)
@@ -100,6 +125,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                    "sha": hashlib.sha256(weights).hexdigest(),
                    "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
                    "failures": recovery.failures, "members": list(recovery.members),
+                   "joins": recovery.joins,
                    "loss": history.history["loss"], "accuracy": accuracy,
                    "iterations": int(model.optimizer.iterations.numpy()),
                    "seconds": time.time() - started}, f)

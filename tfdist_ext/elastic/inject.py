@@ -3,8 +3,9 @@
     model.fit(..., callbacks=[tfdist_ext.elastic.KillAt(worker=2, step=10)])
 
 kills worker 2's process (SIGKILL, as a preempted machine) when it starts its
-10th training step; every other worker ignores the callback, so the same
-script runs everywhere.
+10th training step; every other worker ignores the callback, and so does a
+worker started again in place of a dead one, so the same script runs
+everywhere.
 """
 
 import json
@@ -41,9 +42,13 @@ class KillAt(keras.callbacks.Callback):
 
     def _step(self, phase):
         if phase == self.phase:
-            if self._me == self.worker and self._steps == self.step:
+            if self._me == self.worker and self._steps == self.step and not self._replacement():
                 os.kill(os.getpid(), self.signal)
             self._steps += 1
+
+    def _replacement(self):
+        elastic = getattr(self.model.distribute_strategy, "elastic", None)
+        return elastic is not None and elastic.replacement
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step("train")

@@ -5,6 +5,10 @@ import math
 import os
 
 VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run --elastic`)
+# TF's coordination service takes a worker started again with the dead one's
+# TF_CONFIG only after it noticed the death (missed heartbeats,
+# `_compat.ELASTIC_HEARTBEAT_MS`); a replacement registering sooner is refused for good.
+REPLACEMENT_DELAY_SECONDS = 6.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,21 +32,27 @@ class Elastic:
         recover_seconds: How long survivors wait for each other while they
             agree on the new membership (a survivor notices a death within
             about a second; raise it on slow links).
+        join_seconds: How long a replacement worker (started again with the
+            dead one's TF_CONFIG) waits to be taken in; the members admit it
+            after their next step, so raise it only for steps that take
+            minutes.
     """
 
     min_workers: int = 1
     recover_seconds: float = 60.0
+    join_seconds: float = 300.0
 
     def __post_init__(self):
         if (isinstance(self.min_workers, bool) or not isinstance(self.min_workers, int)
                 or self.min_workers < 1):
             raise ValueError(f"`min_workers` of Elastic must be an integer >= 1; received "
                              f"{self.min_workers!r}.")
-        if (isinstance(self.recover_seconds, bool)
-                or not isinstance(self.recover_seconds, (int, float))
-                or not math.isfinite(self.recover_seconds) or self.recover_seconds <= 0):
-            raise ValueError(f"`recover_seconds` of Elastic must be a finite number > 0; "
-                             f"received {self.recover_seconds!r}.")
+        for name in ("recover_seconds", "join_seconds"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"`{name}` of Elastic must be a finite number > 0; "
+                                 f"received {value!r}.")
 
     def check(self, config, spec=None):
         """Raises ValueError unless the strategy's other choices can run elastically.
@@ -108,5 +118,5 @@ def get(value, environ=os.environ):
                              f"{sorted(fields)}.")
         return Elastic(**value)
     raise ValueError(f"Argument `elastic` must be True, False, a dict of options "
-                     f"(min_workers, recover_seconds) or tfdist_ext.elastic.Elastic; "
+                     f"(min_workers, recover_seconds, join_seconds) or tfdist_ext.elastic.Elastic; "
                      f"received {value!r}.")

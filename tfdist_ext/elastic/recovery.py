@@ -38,13 +38,24 @@ dead worker's share of the rest of the `fit` is not trained on. Either way the
 gradient is the mean over the samples the members computed.
 
 The same holds for a test step (`evaluate`, or `fit`'s validation): the
-failed batch is left out of the metrics. Not covered yet: a replacement worker
-rejoining, a second death during a recovery, and sync policies other than
-"sync".
+failed batch is left out of the metrics.
+
+A replacement (the dead worker's script started again with its TF_CONFIG)
+finds its store key already set in TF's key-value store, posts a join request
+to the members' leader and waits (`join`). The leader's poll thread raises
+`join_flag`, which the next step's all-reduce (`tfdist_ext.keras.uneven`)
+carries to every member, so all of them call `admit` after the same step: a
+new generation that includes the replacement, rank 0's state broadcast to
+everyone, and the replacement's `fit` resumes at the members' epoch and batch.
+Not covered yet: a replacement for worker 0 (TF's coordination service died
+with it), a second death during a recovery or an admission, and sync policies
+other than "sync".
 """
 
 import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from typing import List
@@ -58,6 +69,7 @@ from tfdist_ext.elastic import membership, store
 log = logging.getLogger("tfdist_ext")
 HEALTH_TIMEOUT_SECONDS = 2.0
 HEALTH_TRIES = 2
+REQUEST_POLL_SECONDS = 0.5  # how often the members' leader looks for join requests
 
 
 class Recovery:
@@ -76,6 +88,10 @@ class Recovery:
             "skipped" (steps this worker skips to be level with the others),
             "seconds" (from the failed step to the new membership) and
             "time" (`time.time()` then).
+        joins: One dict per admission of replacement workers: "generation",
+            "step", "joined" (their indices), "members" and "time".
+        replacement: Whether this process replaces a dead worker (it joined a
+            running job).
     """
 
     def __init__(self, strategy, options, key_prefix):
@@ -84,22 +100,170 @@ class Recovery:
         self.members = tuple(range(strategy.num_workers))
         self.generation = 0
         self.failures: List[dict] = []
+        self.joins: List[dict] = []
         self._strategy = strategy
         self._prefix = key_prefix
         self._addresses = dict(enumerate(strategy.cluster.worker_addresses))
         # Keras' input splits each global batch by these (`data_split`); made here,
         # outside any strategy scope, so that they stay this worker's own.
-        self._split = (tf.Variable(self.me, dtype=tf.int64, trainable=False,
-                                   name="elastic_part"),
-                       tf.Variable(len(self.members), dtype=tf.int64, trainable=False,
-                                   name="elastic_parts"))
+        with tf.init_scope():
+            self._split = (_compat.ResourceVariable(self.me, dtype=tf.int64, trainable=False,
+                                                    name="elastic_part"),
+                           _compat.ResourceVariable(len(self.members), dtype=tf.int64,
+                                                    trainable=False, name="elastic_parts"))
+            # A join request the leader saw (its own), and the members' sum of it,
+            # all-reduced in every step (`tfdist_ext.keras.uneven`).
+            self.join_flag = _compat.ResourceVariable(0.0, trainable=False,
+                                                      name="elastic_join")
+            self.join_agreed = _compat.ResourceVariable(0.0, trainable=False,
+                                                        name="elastic_join_agreed")
         self._lock = threading.Lock()  # the watcher's aborts against a membership change
         self._on_promotion = []
+        self._handled = set()  # join requests admitted
+        self._requests_lock = threading.Lock()
+        self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
+        self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
+        self.state_stale = False  # the members changed outside a step function
         # Every worker serves a store; the members meet in the lowest one's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
-        stores = coordination.exchange(f"{key_prefix}/elastic/stores", self._store.address,
-                                       len(self.members), self.me)
-        self._stores = dict(enumerate(stores))
+        self.joining = False
+        self.replacement = False  # started again in place of a dead worker
+        self.catching_up = False  # joined, but the members' fit is ahead of this one's
+        self._stores = self._exchange_stores()
+        threading.Thread(target=self._watch_requests, name="tfdist-elastic-joins",
+                         daemon=True).start()
+
+    def _exchange_stores(self):
+        """Every worker's store address; notices a replacement (its key was set before)."""
+        kv, key = coordination.KeyValue(), f"{self._prefix}/elastic/stores"
+        try:
+            kv.set(f"{key}/{self.me}", self._store.address)
+        except tf.errors.AlreadyExistsError:
+            # The job runs already: this worker replaces a dead one.
+            self.joining = self.replacement = True
+        return {w: self._store.address if w == self.me else kv.get(f"{key}/{w}")
+                for w in self.members}
+
+    def _watch_requests(self):
+        """The members' leader: raises `join_flag` when a replacement asks to join."""
+        while True:
+            time.sleep(REQUEST_POLL_SECONDS)
+            with self._requests_lock:
+                if (not self.joining and self.members[0] == self.me
+                        and set(self._store.items(f"{self._prefix}/join/")) - self._handled):
+                    self.join_flag.assign(1.0)
+
+    def join_requested(self) -> bool:
+        """Whether the last step's all-reduce carried a join request (every member agrees)."""
+        if len(self.members) == 1:  # no all-reduce to carry it
+            return float(self.join_flag.numpy()) > 0
+        return float(self.join_agreed.numpy()) > 0
+
+    def admit(self, steps: int, test_steps: int = 0):
+        """Every member, after the same step: takes in the workers that asked to join.
+
+        Args:
+            steps: Training steps this worker ran (the same on every member).
+            test_steps: Test steps it ran (`evaluate`, validation), likewise.
+        """
+        generation = self.generation + 1
+        prefix = f"{self._prefix}/elastic/{generation}"
+        if self.members[0] == self.me:
+            with self._requests_lock:
+                asked = self._store.items(f"{self._prefix}/join/")
+                requests = sorted(set(asked) - self._handled)
+                self._handled.update(requests)
+                self.join_flag.assign(0.0)
+            # A replacement's store is new: everyone learns its address here.
+            stores = {key.split("/")[-2]: asked[key] for key in requests}
+            joiners = {int(worker) for worker in stores}
+            decision = {"generation": generation, "stores": stores,
+                        "members": sorted(set(self.members) | joiners),
+                        "steps": steps, "test_steps": test_steps,
+                        "epoch": self.position[0],
+                        "batch": self.position[1] + 1}
+            kv = self.kv()
+            kv.set(f"{prefix}/admission", json.dumps(decision))
+            for key in requests:
+                kv.set(key.replace("/join/", "/admitted/", 1), json.dumps(decision))
+        else:
+            decision = json.loads(self.kv().get(f"{prefix}/admission",
+                                                2 * self.options.recover_seconds))
+        self.join_agreed.assign(0.0)
+        self._stores.update({int(w): address for w, address in decision["stores"].items()})
+        joiners = sorted(set(decision["members"]) - set(self.members))
+        self._change(generation, tuple(decision["members"]))
+        for worker in joiners:
+            liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
+        self.joins.append({"generation": generation, "step": steps, "joined": joiners,
+                           "members": list(decision["members"]), "time": time.time()})
+        log.warning("tfdist_ext: worker(s) %s joined at step %d; %d workers %s (generation %d).",
+                    joiners, steps, len(decision["members"]), decision["members"], generation)
+
+    def join(self, variables) -> dict:
+        """A replacement worker: asks the members to take it in and waits until they do.
+
+        Args:
+            variables: The model's and optimizer's variables, received from rank 0.
+
+        Returns:
+            The admission: "generation", "members", "stores", "steps" and
+            "test_steps" (the members' train and test steps so far), "epoch" and
+            "batch" (the epoch the members are in, and how many of its batches
+            they ran).
+        """
+        nonce = f"{os.getpid()}-{time.time():.3f}"
+        for worker in sorted(self._stores):  # the lowest reachable store is the leader's
+            if worker == self.me:
+                continue
+            client = store.Client(self._stores[worker])
+            try:
+                client.set(f"{self._prefix}/join/{self.me}/{nonce}", self._store.address)
+                break
+            except OSError:
+                continue
+        else:
+            raise membership.MembershipError(
+                f"worker {self.me} replaces a dead worker but found no member's store to ask.")
+        log.warning("tfdist_ext: worker %d asks worker %d's store to join the running job.",
+                    self.me, worker)
+        try:
+            answer = client.get(f"{self._prefix}/admitted/{self.me}/{nonce}",
+                                self.options.join_seconds)
+        except TimeoutError as err:
+            raise membership.MembershipError(
+                f"worker {self.me} was not taken into the running job within "
+                f"join_seconds={self.options.join_seconds:g} s (asked worker {worker}). The "
+                "members admit a replacement after their next step: raise join_seconds of "
+                "Strategy(elastic=...) for steps that take longer.") from err
+        except OSError as err:
+            raise membership.MembershipError(
+                f"worker {self.me} asked worker {worker} to join the running job, but "
+                f"worker {worker} went away before taking it in ({err}); the job may have "
+                "ended. Start the replacement while the others train.") from err
+        decision = json.loads(answer)
+        self._stores.update({int(w): address for w, address in decision["stores"].items()})
+        self.joining, self.catching_up = False, True
+        self._change(decision["generation"], tuple(decision["members"]))
+        self.broadcast_state(variables)
+        log.warning("tfdist_ext: worker %d joined at step %d (epoch %d, batch %d).",
+                    self.me, decision["steps"], decision["epoch"], decision["batch"])
+        return decision
+
+    def _change(self, generation, members):
+        """Goes on as a member of `members` (generation `generation`)."""
+        was_chief = self.members[0] == self.me and not self.joining
+        rank = membership.position(members, self.me)
+        with self._lock:
+            self.generation, self.members = generation, members
+            self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
+        self._split[0].assign(rank)
+        self._split[1].assign(len(members))
+        if rank == 0 and not was_chief:
+            log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
+                        self.me)
+            for callback in list(self._on_promotion):
+                callback()
 
     def kv(self, leader=None):
         """The meeting place of the members: the store of `leader` (default: the
@@ -133,8 +297,21 @@ class Recovery:
             if any(liveness.task_name("worker", m) == task for m in self.members):
                 ucx_engine.abort(reason, later=False)
 
+    def between_steps(self, run):
+        """`run()`, an eager collective outside Keras' step functions (Keras reading
+        its metrics at an epoch end); after a death in it the survivors agree and run
+        it again among themselves, and the next step function retraces and
+        broadcasts rank 0's state (`state_stale`)."""
+        try:
+            return run()
+        except tf.errors.OpError as err:
+            self.recover(err, self.steps)
+            self.state_stale = True
+            return run()
+
     def dead_members(self) -> List[int]:
-        """Members other than this worker whose TF server does not answer."""
+        """Members other than this worker whose TF server and store do not answer (TF's
+        channel to a replacement can fail for a while after the old process died)."""
         dead = []
         for worker in self.members:
             if worker == self.me:
@@ -144,8 +321,11 @@ class Recovery:
                     _compat.check_peer_health(liveness.task_name("worker", worker),
                                               int(HEALTH_TIMEOUT_SECONDS * 1000))
                     break
-                except Exception:  # pylint: disable=broad-except  (any failure is a miss)
-                    if attempt + 1 == HEALTH_TRIES:
+                except Exception as err:  # pylint: disable=broad-except  (a failure is a miss)
+                    if liveness.restarted(err):
+                        break  # a replacement that joined: alive
+                    if attempt + 1 == HEALTH_TRIES and not store.Client(
+                            self._stores[worker]).answers(HEALTH_TIMEOUT_SECONDS):
                         dead.append(worker)
         return dead
 
@@ -178,18 +358,7 @@ class Recovery:
             steps, self.options.recover_seconds)
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
-        was_chief = self.members[0] == self.me
-        rank = membership.position(members, self.me)
-        with self._lock:
-            self.generation, self.members = generation, members
-            self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
-        self._split[0].assign(rank)
-        self._split[1].assign(len(members))
-        if rank == 0 and not was_chief:
-            log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
-                        self.me)
-            for callback in list(self._on_promotion):
-                callback()
+        self._change(generation, members)
         self.failures.append({"generation": generation, "step": steps, "dead": lost,
                               "members": list(members), "skipped": level - steps,
                               "seconds": time.monotonic() - start, "time": time.time()})

@@ -67,6 +67,12 @@ class Store:
             self._changed.wait_for(lambda: key in self._values, max(float(seconds), 0.0))
             return self._values.get(key)
 
+    def items(self, prefix: str) -> dict:
+        """The keys set so far that start with `prefix`, with their values (this
+        process's store only)."""
+        with self._changed:
+            return {k: v for k, v in self._values.items() if k.startswith(prefix)}
+
     def close(self):
         self._server.shutdown()
         self._server.server_close()
@@ -81,9 +87,9 @@ class Client:
     def __init__(self, address: str):
         self.address = address
 
-    def _proxy(self, seconds):
+    def _proxy(self, seconds, margin=_MARGIN_SECONDS):
         return xmlrpc.client.ServerProxy(f"http://{self.address}", allow_none=True,
-                                         transport=_Transport(seconds + _MARGIN_SECONDS))
+                                         transport=_Transport(seconds + margin))
 
     def set(self, key: str, value: str):
         """Stores `value` under `key` (raises KeyError if the key was set before)."""
@@ -99,6 +105,15 @@ class Client:
             raise TimeoutError(f"{key!r} was not set in the store at {self.address} within "
                                f"{seconds:g} s")
         return value
+
+
+    def answers(self, seconds: float) -> bool:
+        """Whether the store's process answers a call within `seconds`."""
+        try:
+            self._proxy(seconds, margin=0.0).get("", 0.0)
+            return True
+        except (OSError, xmlrpc.client.Error):
+            return False
 
 
 class _Transport(xmlrpc.client.Transport):

@@ -16,6 +16,7 @@ end of `fit`.
 import functools
 import weakref
 
+import keras
 import tensorflow as tf
 
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
@@ -47,24 +48,87 @@ def wrap(train_function, model, strategy, phase="train"):
 
     @functools.wraps(train_function)
     def run(iterator):
+        recovery.catching_up = False  # the fit-start meetings are behind
+        if recovery.state_stale:  # a death between steps (`Recovery.between_steps`)
+            recovery.state_stale = False
+            _retrace(model)
+            recovery.broadcast_state(state(model))
+            again = model.train_function if phase == "train" else model.test_function
+            return again(iterator)  # Keras' function traced again (wrapped again)
         progress.steps += 1
+        if phase == "train":
+            recovery.steps = progress.steps
         if progress.skip > 0:
             progress.skip -= 1
             next(iterator)
-            return progress.logs
+            # A replacement has no step of its own yet: its (empty) metrics.
+            return progress.logs or _metric_logs(model, strategy)
         try:
             logs = train_function(iterator)
         except tf.errors.OutOfRangeError:
             raise
         except tf.errors.OpError as err:
-            progress.skip = recovery.recover(err, progress.steps)
-            _retrace(model)
-            recovery.broadcast_state(list(model.variables) + list(model.optimizer.variables))
+            _recover(recovery, model, progress, err)
             return progress.logs
         progress.logs = logs
+        if phase == "train" and recovery.join_requested():
+            tested = _progress[model].get("test")
+            try:
+                recovery.admit(progress.steps, tested.steps if tested is not None else 0)
+                _retrace(model)
+                recovery.broadcast_state(state(model))
+            except tf.errors.OpError as err:  # a replacement died while it was taken in
+                _recover(recovery, model, progress, err)
         return logs
 
     return run
+
+
+def _metric_logs(model, strategy):
+    """This worker's metric values, read without the other workers (who are training)."""
+    strategy.keep_logs_local(True)
+    try:
+        return {name: float(value) for name, value in model.get_metrics_result().items()}
+    except ValueError:  # metrics not built yet
+        return {}
+    finally:
+        strategy.keep_logs_local(False)
+
+
+def _recover(recovery, model, progress, err):
+    progress.skip = recovery.recover(err, progress.steps)
+    _retrace(model)
+    recovery.broadcast_state(state(model))
+
+
+def state(model):
+    """What a new member must receive: the model's and the optimizer's variables."""
+    return list(model.variables) + list(model.optimizer.variables)
+
+
+def resume(model, steps, test_steps, skip):
+    """A replacement worker's step counts: the members' `steps` train calls (after
+    `skip` calls that only consume the batches they ran) and `test_steps` test calls."""
+    progress = _progress.setdefault(model, {})
+    train = progress.setdefault("train", _Progress())
+    train.steps, train.skip = steps - skip, skip  # each skipped call counts
+    progress.setdefault("test", _Progress()).steps = test_steps
+
+
+class Position(keras.callbacks.Callback):
+    """Keeps the running fit's (epoch, batch) on the strategy's `elastic` recovery
+    (a replacement starts at the members' position)."""
+
+    def __init__(self, recovery):
+        super().__init__()
+        self.recovery = recovery
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.recovery.position = (self.epoch, batch)
 
 
 def _batches_per_call(model):

@@ -151,6 +151,9 @@ def wrap_fit(original):
             return original(self, *args, **kwargs)
         extra = strategy.fit_callbacks()
         args = list(args)
+        elastic = getattr(strategy, "elastic", None)
+        if elastic is not None:
+            extra = extra + [elastic_steps.Position(elastic)]
         _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
@@ -171,6 +174,8 @@ def wrap_fit(original):
                     args[5] = list(args[5] or []) + [stop]
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
+            if elastic is not None and elastic.joining:
+                _join(self, strategy, args, kwargs)
             try:
                 with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
@@ -178,6 +183,21 @@ def wrap_fit(original):
                 strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 
     return fit
+
+
+def _join(model, strategy, args, kwargs):
+    """A replacement worker joins the running job before its fit starts: the members'
+    weights and optimizer state, then fit from their epoch, skipping their batches."""
+    if not model.optimizer.built:
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    admission = strategy.elastic.join(elastic_steps.state(model))
+    if len(args) > 11:
+        args[11] = admission["epoch"]
+    else:
+        kwargs["initial_epoch"] = admission["epoch"]
+    elastic_steps.resume(model, admission["steps"], admission["test_steps"],
+                         admission["batch"])
 
 
 def _check_data_order(strategy, args, kwargs):

@@ -111,8 +111,13 @@ def _splittable(dataset):
 
 
 def _same_length(dataset, strategy):
-    """Whether every worker's dataset has the same known (or infinite) batch count."""
+    """Whether every worker's dataset has the same known (or infinite) batch count.
+
+    Elastic training assumes it without asking (a replacement could not meet
+    the members, which met long before)."""
     count = int(dataset.cardinality())
+    if getattr(strategy, "elastic", None) is not None:
+        return count >= 0 or count == tf.data.INFINITE_CARDINALITY
     counts = {int(c) for c in strategy.exchange(f"local-input/{next(_agreements)}",
                                                 str(count))}
     return len(counts) == 1 and (count >= 0 or count == tf.data.INFINITE_CARDINALITY)

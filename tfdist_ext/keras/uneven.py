@@ -117,9 +117,14 @@ def _agree(data, strategy, eager=False):
     values = [samples]
     if preemption is not None:
         values.append(preemption.requested.read_value())
+    elastic = getattr(strategy, "elastic", None)
+    if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
+        values.append(elastic.join_flag.read_value())
     totals = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, tf.stack(values))
     if preemption is not None:
         preemption.agreed.assign(totals[1])
+    if elastic is not None:
+        elastic.join_agreed.assign(totals[-1])
     return None if static else tf.math.divide_no_nan(samples, totals[0])
 
 

@@ -164,14 +164,17 @@ def build_parser():
     parser.add_argument("--grace", type=_positive(float, 0.0), default=3.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping workers "
                              "(default 3)")
-    parser.add_argument("--max-restarts", type=_positive(int, 0), default=0, metavar="N",
+    parser.add_argument("--max-restarts", type=_positive(int, 0), default=None, metavar="N",
                         help="start the whole job again, up to N times, when a worker "
                              "fails (not after --timeout or a signal); workers read the "
                              "attempt in TFDIST_RESTART. With keras.callbacks."
-                             "BackupAndRestore, training resumes from the last backup")
+                             "BackupAndRestore, training resumes from the last backup. "
+                             "With --elastic: start a failed worker again, up to N times "
+                             "in all (default: 3 per worker)")
     parser.add_argument("--elastic", action="store_true",
                         help="a worker that dies does not stop the job: "
-                             "the others go on without it (Strategy(elastic=True), turned "
+                             "the others go on without it and it is started again to "
+                             "rejoin (Strategy(elastic=True), turned "
                              "on for an unchanged script through TFDIST_ELASTIC=1)")
     parser.add_argument("--output", type=_output_mode, default="chief", metavar="WHICH",
                         help="'chief' (default): worker 0's live progress bar and each "
@@ -243,9 +246,11 @@ def main(argv=None) -> int:
     if args.check and (not shaped or args.num_workers < 2 or (layout and layout[0] < 2)):
         parser.error("argument --check: needs --link-bandwidth, --link-latency or "
                      "-H HxW, and two workers on different hosts")
-    if args.elastic and (args.max_restarts or args.num_servers):
-        parser.error("argument --elastic: not with --max-restarts or --ps (elastic training "
-                     "goes on in the surviving processes, with synchronous training only)")
+    if args.elastic and args.num_servers:
+        parser.error("argument --elastic: not with --ps (elastic training goes on in the "
+                     "surviving processes, with synchronous training only)")
+    if args.max_restarts is None:
+        args.max_restarts = 3 * args.num_workers if args.elastic else 0
     if args.profile_steps is not None and args.profile is None:
         parser.error("argument --profile-steps: needs --profile DIR")
     if args.profile is not None:  # the workers inherit the launcher's environment

@@ -19,12 +19,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS
 from tfdist_ext.elastic.options import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.output import Output
 
 EXIT_TIMEOUT = 124
+REPLACEMENT_GRACE_SECONDS = 30.0  # elastic: how long a late replacement may run on alone
 
 
 @dataclasses.dataclass
@@ -150,9 +152,12 @@ class Launcher:
             worker 0's progress bar), "all", or a worker index
             (`tfdist_ext.launch.output`).
         elastic: A worker that fails does not stop the others (they go on
-            without it: `tfdist_ext.elastic`); the job succeeds when every
-            other worker does. Workers get
-            ``TFDIST_ELASTIC=1``, which `tfdist_ext.Strategy` reads.
+            without it: `tfdist_ext.elastic`), and is started again with its
+            TF_CONFIG after `REPLACEMENT_DELAY_SECONDS` to rejoin the running
+            job, up to `max_restarts` times in all (worker 0, which runs TF's
+            coordination service, is not); the job succeeds when every worker
+            left does. Workers get ``TFDIST_ELASTIC=1``, which
+            `tfdist_ext.Strategy` reads.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
@@ -168,7 +173,11 @@ class Launcher:
         self.elastic = elastic
         if elastic:
             self.env.setdefault(ELASTIC_VARIABLE, "1")
-        self.lost: List[int] = []  # workers that died in an elastic job
+        self.lost: List[int] = []  # workers that died in an elastic job, not replaced
+        self._replacements: Dict[int, float] = {}  # elastic: worker -> when it starts again
+        self._configs: List[str] = []
+        self._replaced = set()  # workers started again (elastic)
+        self._others_done = None  # when only replacements were left running
         self.out = out or sys.stdout
         self.output = Output(self.out, output, verbose=verbose)
         self.network = network
@@ -198,30 +207,86 @@ class Launcher:
         hosts = self.network.addresses if self.network else ["127.0.0.1"] * self.num_workers
         servers = (self.network.server_addresses if self.network
                    else ["127.0.0.1"] * self.num_servers)
-        configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)],
-                             [f"{h}:{p}" for h, p in zip(servers, ports[self.num_workers:])])
-        for number, config in enumerate(configs):
+        self._configs = tf_configs([f"{h}:{p}" for h, p in zip(hosts, ports)],
+                                   [f"{h}:{p}" for h, p in zip(servers,
+                                                               ports[self.num_workers:])])
+        for number in range(len(self._configs)):
             server = number >= self.num_workers
-            index = number - self.num_workers if server else number
-            # `ip netns exec` execs the command: the pid and process group stay the same.
-            command = (self.network.wrap(index, self.command, server=server) if self.network
-                       else self.command)
-            env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
-                       TFDIST_RESTART=str(self.restarts), **self.env)
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-            env.setdefault("GRPC_VERBOSITY", "ERROR")
-            if self.network:
-                # Each namespace stands for a host: UCX must cross the shaped links
-                # over TCP, not take shared memory or CMA around them.
-                env.setdefault("UCX_TLS", "tcp")
-            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)
-            worker = Worker(index, process, server=server)
-            self.workers.append(worker)
-            pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
-            pump.start()
-            self._pumps.append(pump)
+            self.workers.append(self._start_one(number - self.num_workers if server else number,
+                                                server))
+
+    def _start_one(self, index, server=False):
+        """Starts worker (or parameter server) `index` with its TF_CONFIG."""
+        config = self._configs[index + (self.num_workers if server else 0)]
+        # `ip netns exec` execs the command: the pid and process group stay the same.
+        command = (self.network.wrap(index, self.command, server=server) if self.network
+                   else self.command)
+        env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
+                   TFDIST_RESTART=str(self.restarts), **self.env)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env.setdefault("GRPC_VERBOSITY", "ERROR")
+        if self.network:
+            # Each namespace stands for a host: UCX must cross the shaped links
+            # over TCP, not take shared memory or CMA around them.
+            env.setdefault("UCX_TLS", "tcp")
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        worker = Worker(index, process, server=server)
+        pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+        return worker
+
+    def _replace(self, worker: Worker):
+        """Elastic: starts a dead worker again (it rejoins the running job) once TF's
+        coordination service has noticed the death; or counts it lost."""
+        if worker.index == 0:
+            self.lost.append(worker.index)
+            self.say(f"{worker.name} runs TF's coordination service, which died with it: it "
+                     "is not started again; the others go on without it (--elastic).")
+        elif self.restarts >= self.max_restarts:
+            self.lost.append(worker.index)
+            self.say(f"the others go on without {worker.name} (--elastic; all "
+                     f"{self.max_restarts} replacements of --max-restarts used).")
+        else:
+            self.restarts += 1
+            self._replacements[worker.index] = time.monotonic() + REPLACEMENT_DELAY_SECONDS
+            self.say(f"the others go on; {worker.name} starts again in "
+                     f"{REPLACEMENT_DELAY_SECONDS:g} s and rejoins (replacement "
+                     f"{self.restarts} of {self.max_restarts}, --elastic).")
+
+    def _start_replacements(self):
+        for index, when in list(self._replacements.items()):
+            if all(w.process.poll() == 0 for w in self.workers if not w.server
+                   and w.index not in self.lost and w.index not in self._replacements):
+                del self._replacements[index]  # the others finished: nothing to rejoin
+                self.lost.append(index)
+            elif time.monotonic() >= when:
+                del self._replacements[index]
+                position = next(i for i, w in enumerate(self.workers)
+                                if w.index == index and not w.server)
+                self.workers[position] = self._start_one(index)
+                self._replaced.add(index)
+        self._stop_late_replacements()
+
+    def _stop_late_replacements(self):
+        """Stops replacements still running `REPLACEMENT_GRACE_SECONDS` after every other
+        worker succeeded: they came too late to join (a joined one ends with the others)."""
+        workers = [w for w in self.workers if not w.server and w.index not in self.lost]
+        late = [w for w in workers if w.index in self._replaced and w.process.poll() is None]
+        if not late or any(w.process.poll() != 0 for w in workers if w not in late):
+            self._others_done = None
+            return
+        if self._others_done is None:
+            self._others_done = time.monotonic()
+        elif time.monotonic() - self._others_done > REPLACEMENT_GRACE_SECONDS:
+            for worker in late:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+                worker.process.wait()
+                self.lost.append(worker.index)
+            self.say(f"stopped worker(s) {[w.index for w in late]}, started again too late "
+                     "to rejoin: the others had finished (--elastic).")
 
     def _signal_all(self, sig):
         for worker in self.workers:
@@ -263,7 +328,7 @@ class Launcher:
                 code = self._supervise()
                 for pump in self._pumps:  # Flush what the workers printed last.
                     pump.join(timeout=2.0)
-                if self._failure is None or self.restarts >= self.max_restarts:
+                if self._failure is None or self.elastic or self.restarts >= self.max_restarts:
                     return code
                 self.restarts += 1
                 self.say(f"restart {self.restarts} of {self.max_restarts}: {self._failure}; "
@@ -305,12 +370,16 @@ class Launcher:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
-                    workers = [w for w in self.workers if not w.server]
-                    if self.elastic and not worker.server and len(self.lost) + 1 < len(workers):
-                        self.lost.append(worker.index)
+                    others = [w for w in self.workers if not w.server and w is not worker
+                              and w.index not in self.lost]
+                    if self.elastic and not worker.server and others:
                         self.say(f"{worker.name} (pid {worker.process.pid}) "
                                  f"{describe_exit(code)}; the others go on without it "
                                  "(--elastic).")
+                        if all(w.process.poll() == 0 for w in others):
+                            self.lost.append(worker.index)  # came back after the end
+                        else:
+                            self._replace(worker)
                         continue
                     running = [w.index for w in self.workers
                                if not w.server and w.process.poll() is None]
@@ -322,6 +391,7 @@ class Launcher:
                              + (f" and parameter servers {servers}." if servers else "."))
                     self.stop_all()
                     return shell_code(code)
+            self._start_replacements()
             if all(w.process.poll() == 0 for w in self.workers
                    if not w.server and w.index not in self.lost):
                 if self.lost:
