@@ -5,7 +5,9 @@
 One Keras fit under compression="adaptive" with short probes; from batch
 SLOW_FROM on, worker 1 sleeps SLOW_SECONDS per batch (a real straggler: every
 synchronous step waits for it), which must trigger a new probe. Writes the
-decision rounds, the byte counters, the losses and a weight checksum to
+decision rounds (a drift of 5x: the straggler's
++100 ms is 50x a step here, while this 2-core machine's noise once doubled two
+windows in a row), the byte counters, the losses and a weight checksum to
 OUT_DIR/w<index>.json.
 """
 
@@ -38,7 +40,7 @@ def main(out_dir):
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     strategy = tfdist_ext.Strategy(compression={
         "name": "adaptive", "candidates": ["none", "bf16", {"name": "powersgd", "rank": 2}],
-        "probe_steps": 2, "check_every": 10})
+        "probe_steps": 2, "check_every": 10, "drift": 5.0})
     rng = np.random.default_rng(0)
     x = rng.normal(size=(640, 16)).astype("float32")
     y = (x[:, :2].sum(axis=1) > 0).astype("int32")
