@@ -17,10 +17,9 @@ both loss curves with the failures marked.
 
 `--mtbf SECONDS` is a random killer instead (torchft's punisher): after
 exponentially distributed intervals of that mean it SIGKILLs a random worker
-other than worker 0 (whose process runs TF's coordination service) that is in
-the job, and starts it again with its TF_CONFIG after
-`tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the replacement
-rejoins. Stops killing after `--failures`. Reported per failure as well: the
+that is in the job (worker 0 included), and starts it again with its
+TF_CONFIG after `tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
+replacement rejoins. Stops killing after `--failures`. Reported per failure as well: the
 seconds from the kill to the job's return to full size.
 
 The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
@@ -156,16 +155,16 @@ def job(args, name, kills, out_root, killer=False):
     procs = [start(i) for i in range(args.workers)]
     deadline = time.monotonic() + args.timeout
     kills_done = _random_kills(args, procs, start, out, deadline) if killer else None
-    codes = []
-    for i, p in enumerate(procs):
-        # Once worker 0 ended, a replacement that never got in waits for a job
-        # that is gone: 30 s more at most.
-        left = deadline - time.monotonic() if i == 0 else min(deadline - time.monotonic(), 30)
-        try:
-            codes.append(p.wait(timeout=max(left, 1)))
-        except subprocess.TimeoutExpired:
+    # Once a worker finished, a replacement that never got in waits for a job that
+    # is gone: 30 s more at most.
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.poll() == 0 for p in procs):
+            deadline = min(deadline, time.monotonic() + 30)
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
             p.kill()
-            codes.append(p.wait())
+    codes = [p.wait() for p in procs]
     records = {}
     for i in range(args.workers):
         path = out / f"w{i}.json"
@@ -176,8 +175,8 @@ def job(args, name, kills, out_root, killer=False):
 
 
 def _random_kills(args, procs, start, out, deadline):
-    """The random killer: SIGKILLs a worker in the job (not worker 0) after exponential
-    intervals of mean `args.mtbf` and starts it again; returns [(worker, time)]."""
+    """The random killer: SIGKILLs a worker in the job after exponential intervals of
+    mean `args.mtbf` and starts it again; returns [(worker, time)]."""
     import random  # pylint: disable=import-outside-toplevel
 
     from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS  # pylint: disable=import-outside-toplevel
@@ -187,12 +186,12 @@ def _random_kills(args, procs, start, out, deadline):
     next_kill = began + 10.0 + rng.expovariate(1.0 / args.mtbf)  # after start-up
     while len(kills) < args.failures and time.monotonic() < deadline:
         time.sleep(0.2)
-        if procs[0].poll() is not None:
+        if any(p.poll() == 0 for p in procs):
             break  # the job ended
         for i, tag in list(joined.items()):
             if tag is not True and "joined at step" in tag.read_text(errors="replace"):
                 joined[i] = True
-        ready = [i for i in range(1, len(procs)) if joined[i] is True
+        ready = [i for i in range(len(procs)) if joined[i] is True
                  and procs[i].poll() is None]
         if time.monotonic() < next_kill or not ready:
             continue
@@ -246,11 +245,26 @@ def summarize(args, whole, broken, killed, codes):
 
 
 def summarize_random(args, whole, broken, kills, codes):
-    """The random killer's job: per kill, seconds to go on and to full size, steps lost."""
-    chief, reference = broken[0], whole[min(whole)]
-    failures, used, joins = [], set(), chief["joins"]
+    """The random killer's job: per kill, seconds to go on and to full size, steps lost.
+
+    Membership changes come from every worker's record (a replacement knows only
+    those after it joined), the curve and accuracy from the worker that ran longest.
+    """
+    chief = min(broken.values(), key=lambda r: (r["replacement"], r["start"]))
+    reference = whole[min(whole)]
+    changes = {}
+    for record in broken.values():
+        for f in record["failures"]:
+            changes.setdefault(("failure", f["generation"]), f)
+        for j in record["joins"]:
+            changes.setdefault(("join", j["generation"]), j)
+    chief_failures = sorted((f for (kind, _), f in changes.items() if kind == "failure"),
+                            key=lambda f: f["generation"])
+    joins = sorted((j for (kind, _), j in changes.items() if kind == "join"),
+                   key=lambda j: j["generation"])
+    failures, used = [], set()
     for victim, when in kills:
-        failure = next((f for f in chief["failures"] if victim in f["dead"]
+        failure = next((f for f in chief_failures if victim in f["dead"]
                         and f["generation"] not in used and f["time"] >= when - 1), None)
         if failure is None:
             continue
@@ -269,7 +283,7 @@ def summarize_random(args, whole, broken, kills, codes):
                           "final_loss": reference["curve"][-1][2]},
         "with_failures": {"accuracy": chief["accuracy"], "seconds": chief["seconds"],
                           "final_loss": chief["curve"][-1][2], "survivors": sorted(broken),
-                          "members": chief["members"],
+                          "members": chief["members"], "worker": chief["worker"],
                           "accuracy_by_worker": {str(w): r["accuracy"]
                                                  for w, r in sorted(broken.items())}},
         "accuracy_points_vs_uninterrupted": 100 * (chief["accuracy"] - reference["accuracy"]),
@@ -331,6 +345,10 @@ def main(argv=None):
           f"({result['accuracy_points_vs_uninterrupted']:+.2f} points); wall-clock "
           f"{result['with_failures']['seconds']:.1f} s vs "
           f"{result['uninterrupted']['seconds']:.1f} s", flush=True)
+    return _write(result, args)
+
+
+def _write(result, args):
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     if args.png:
@@ -358,11 +376,7 @@ def random_killer(args, whole, root):
           f"{result['with_failures']['accuracy']:.4f} with failures, "
           f"{result['uninterrupted']['accuracy']:.4f} uninterrupted "
           f"({result['accuracy_points_vs_uninterrupted']:+.2f} points)", flush=True)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.png:
-        plot(result, args.png)
-    return 0
+    return _write(result, args)
 
 
 if __name__ == "__main__":

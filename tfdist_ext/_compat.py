@@ -131,7 +131,7 @@ def context_initialized():
     return context.context()._context_handle is not None  # pylint: disable=protected-access
 
 
-ELASTIC_HEARTBEAT_MS = 4000  # a replacement can register this long after a death
+ELASTIC_HEARTBEAT_MS = 4000  # the coordination service marks a dead worker this late
 _elastic_context = []  # [True] once the context was configured for replacements
 
 
@@ -141,7 +141,7 @@ def elastic_context() -> bool:
     return bool(_elastic_context)
 
 
-def prepare_multi_worker_context(cluster_spec, task_type, task_id):
+def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=True):
     """Configures this process as a worker of `cluster_spec` before TF starts.
 
     What `MultiWorkerMirroredStrategy` does when it is created first thing in
@@ -156,6 +156,8 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id):
         cluster_spec: `tf.train.ClusterSpec` of the chief and worker jobs.
         task_type: "worker" or "chief".
         task_id: This task's index in its job.
+        coordination: False for a replacement joining a running elastic job:
+            no coordination service (its leader may be dead), no registration.
 
     Returns:
         False (and changes nothing) when the context already exists.
@@ -168,20 +170,21 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id):
                                                               task_id),
         scoped_allocator_enabled_ops=("CollectiveReduce",),
         device_filters=(f"/job:{task_type}/task:{task_id}",))
-    # Elastic jobs (TFDIST_ELASTIC=1): a replacement worker may register again with
-    # the same task name once the service has marked the dead one (after the heartbeat
-    # timeout), and a worker's death does not fail the others' agents.
-    elastic = os.environ.get("TFDIST_ELASTIC") == "1"
-    ctx.configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
-            name=job, num_tasks=cluster_spec.num_tasks(job))
-            for job in ("chief", "worker") if job in cluster_spec.jobs],
-        heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else 0,
-        allow_new_incarnation_to_reconnect=elastic)
+    # Elastic jobs (TFDIST_ELASTIC=1): a worker's death does not fail the others'
+    # agents (a recoverable job). A replacement joins without the service.
+    elastic = os.environ.get("TFDIST_ELASTIC") == "1" or not coordination
+    if coordination:
+        ctx.configure_coordination_service(
+            service_type="standalone",
+            service_leader=multi_worker_util.coordination_leader(cluster_spec),
+            coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+                name=job, num_tasks=cluster_spec.num_tasks(job))
+                for job in ("chief", "worker") if job in cluster_spec.jobs],
+            heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else 0,
+            allow_new_incarnation_to_reconnect=elastic)
+        if elastic:
+            ctx.coordination_service.recoverable_jobs.append("worker")
     if elastic:
-        ctx.coordination_service.recoverable_jobs.append("worker")
         _elastic_context.append(True)
     ctx.enable_collective_ops(tensorflow_server_pb2.ServerDef(
         cluster=cluster_spec.as_cluster_def(), default_session_config=ctx.config,

@@ -26,6 +26,8 @@ import time
 from typing import Optional
 
 from tfdist_ext import startup
+from tfdist_ext.elastic import beacon
+from tfdist_ext.elastic import options as elastic_options
 
 log = logging.getLogger("tfdist_ext")
 _POLL_SECONDS = 0.2
@@ -57,14 +59,34 @@ def prepare() -> bool:
         return False
     jobs = spec.without_servers()
     resolver = jobs.resolver()
+    joining = _joins_running_job(spec)
     if not _compat.prepare_multi_worker_context(resolver.cluster_spec(), spec.task_type,
-                                                spec.task_index):
+                                                spec.task_index, coordination=not joining):
         return False
     share_cores(spec)
     atexit.register(_finish_together, spec)
     _watch = startup.Watch(startup.DEFAULT_SECONDS, spec)
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",
                      daemon=True).start()
+    return True
+
+
+def _joins_running_job(spec) -> bool:
+    """Under TFDIST_ELASTIC=1: whether this worker was started again while its job runs.
+
+    The members answer (`tfdist_ext.elastic.beacon`); such a replacement
+    starts TF without its coordination service (whose leader, worker 0, may
+    be the worker it replaces) and asks the members to take it in.
+    """
+    if os.environ.get(elastic_options.VARIABLE) != "1" or spec.task_type != "worker":
+        return False
+    others = [a for i, a in enumerate(spec.jobs["worker"]) if i != spec.task_index]
+    answer = beacon.running_job(others)
+    if answer is None:
+        return False
+    beacon.remember(answer)
+    log.warning("tfdist_ext: worker %d starts while its job runs: it joins as a replacement.",
+                spec.task_index)
     return True
 
 

@@ -151,6 +151,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             self._cross_ops.densify_sparse = True
             self.elastic = recovery.Recovery(self, elastic,
                                              f"tfdist/{self._collective_key_base}")
+            if self.elastic.replacement:
+                self.extended.step_down()
             if not _compat.elastic_context():
                 log.warning("tfdist_ext: elastic training without %s=1 in the environment "
                             "at import: the survivors of a death go on, but a worker "

@@ -45,7 +45,9 @@ class Extended(_compat.CollectiveAllReduceExtended):
             # _compat.collective_ops_enabled); TF's own check applies as for a
             # strategy that enabled them itself.
             self._std_server_started = True
-            self._enable_check_health = not _compat.coordination_service_configured()
+            # Elastic jobs have their own watcher; TF's would all-reduce with everyone.
+            self._enable_check_health = not (_compat.coordination_service_configured()
+                                             or _compat.elastic_context())
         elif _compat.context_initialized():
             raise RuntimeError(LATE_START)
         super()._initialize_multi_worker(cluster_resolver)
@@ -103,6 +105,11 @@ class Extended(_compat.CollectiveAllReduceExtended):
                 return _compat.ops.convert_to_tensor(value, dtype=kwargs.get("dtype", None))
 
         return initial_value_fn
+
+    def step_down(self):
+        """Not the chief until `reconfigure` makes it rank 0 (a replacement joining an
+        elastic job is ranked after the members, worker 0's included)."""
+        self._is_chief = False
 
     def reconfigure(self, worker_index, num_workers, generation, kv=None):
         """Goes on as worker `worker_index` of `num_workers` (elastic training): TF's

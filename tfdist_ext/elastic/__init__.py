@@ -1,8 +1,9 @@
 """Training that goes on when a worker dies: `tfdist_ext.Strategy(elastic=True)`.
 
 `Elastic` holds the options; `recovery` what the survivors do (see there);
-`membership` how they agree on who is left; `KillAt` (a Keras callback)
-injects a failure.
+`membership` how they agree on who is left; `store` where they meet;
+`beacon` and `joining` how a replacement finds the running job and gets in;
+`KillAt` (a Keras callback) injects a failure.
 """
 
 from tfdist_ext.elastic.membership import MembershipError

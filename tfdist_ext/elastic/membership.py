@@ -1,11 +1,13 @@
 """Who is left after a failure: the survivors' agreement, through a key-value store.
 
 Every survivor of generation g publishes what it saw (the workers it found
-alive and how many training steps it ran); the lowest-indexed worker it found
-alive, the leader, waits for those workers' reports and publishes the new
-membership: the workers that reported, and the most steps any of them ran
-(survivors that ran fewer skip the difference, so that every member runs its
-next step together). Workers are named by their TF_CONFIG index throughout.
+alive and how many training steps it ran); the first of them in the members'
+order, the leader, waits for those workers' reports and publishes the new
+membership: the workers that reported, in the same order, and the most steps
+any of them ran (survivors that ran fewer skip the difference, so that every
+member runs its next step together). Workers are named by their TF_CONFIG
+index throughout; the order is the members' ranks, so the chief stays the
+chief while it lives (a replacement is ranked after the members).
 """
 
 import json
@@ -39,7 +41,8 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
             is absent after them.
         prefix: Unique to this generation and job.
         me: This worker's index.
-        alive: The workers this one found alive, itself included.
+        alive: The workers this one found alive, itself included, in the
+            members' order (the same on every survivor).
         steps: Training steps this worker ran (the failed one included).
         timeout: Seconds to wait for the others.
 
@@ -50,7 +53,7 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
         MembershipError: this worker was left out (the others gave up on it),
             or the leader did not publish within `timeout`.
     """
-    alive = tuple(sorted(set(alive) | {me}))
+    alive = tuple(alive) if me in alive else tuple(alive) + (me,)
     leader = alive[0]
     try:
         return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout)
@@ -71,7 +74,7 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
                 reports[worker] = json.loads(kv_get(f"{prefix}/report/{worker}", left))
             except Exception:  # pylint: disable=broad-except  (silent: not a member)
                 continue
-        members = tuple(sorted(reports))
+        members = tuple(w for w in alive if w in reports)
         decision = {"members": members, "steps": max(r["steps"] for r in reports.values())}
         kv_set(f"{prefix}/members", json.dumps(decision))
     else:
@@ -80,7 +83,7 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
             decision = json.loads(kv_get(f"{prefix}/members", 2 * timeout))
         except (TimeoutError, KeyError) as err:
             raise MembershipError(
-                f"worker {me}: worker {leader}, the lowest-indexed survivor, did not announce "
+                f"worker {me}: worker {leader}, the first survivor in rank order, did not announce "
                 f"the new membership within {2 * timeout:g} s ({err}); raise "
                 "Elastic(recover_seconds=...) on slow links.") from None
     members = tuple(decision["members"])

@@ -13,8 +13,8 @@ Here, in order:
 2. Discard: the failed step's batch is consumed and its update not trusted
    (a survivor may have applied it, another not: step 5 makes them equal).
 3. Agree: the survivors health-check the members, report what they found
-   and how many steps they ran, and the lowest-indexed survivor announces the
-   new membership (`membership.agree`, in the survivor's key-value store,
+   and how many steps they ran, and the first survivor in rank order announces
+   the new membership (`membership.agree`, in the survivor's key-value store,
    `store.py`: TF's coordination service dies with worker 0). Fewer than
    `min_workers` stops every survivor with an error naming the missing
    workers.
@@ -40,22 +40,22 @@ gradient is the mean over the samples the members computed.
 The same holds for a test step (`evaluate`, or `fit`'s validation): the
 failed batch is left out of the metrics.
 
-A replacement (the dead worker's script started again with its TF_CONFIG)
-finds its store key already set in TF's key-value store, posts a join request
-to the members' leader and waits (`join`). The leader's poll thread raises
-`join_flag`, which the next step's all-reduce (`tfdist_ext.keras.uneven`)
-carries to every member, so all of them call `admit` after the same step: a
-new generation that includes the replacement, rank 0's state broadcast to
-everyone, and the replacement's `fit` resumes at the members' epoch and batch.
-Not covered yet: a replacement for worker 0 (TF's coordination service died
-with it), a second death during a recovery or an admission, and sync policies
-other than "sync".
+A replacement (the dead worker's script started again with its TF_CONFIG,
+worker 0's included) hears from the members at its start (`beacon`: TF's
+coordination service may have died with worker 0, so the replacement starts
+without it), posts a join request to the members' stores and waits
+(`join`, `joining`). The leader's poll thread raises `join_flag`, which the
+next step's all-reduce (`tfdist_ext.keras.uneven`) carries to every member,
+so all of them call `admit` after the same step: a new generation with the
+replacement ranked last (the chief stays the chief), rank 0's state broadcast
+to everyone, and the replacement's `fit` resumes at the members' epoch and
+batch. Not covered yet: a second death during a recovery or an admission, and
+sync policies other than "sync".
 """
 
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from typing import List
@@ -64,7 +64,7 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, coordination, liveness
 from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.elastic import membership, store
+from tfdist_ext.elastic import beacon, joining, membership, store
 
 log = logging.getLogger("tfdist_ext")
 HEALTH_TIMEOUT_SECONDS = 2.0
@@ -124,34 +124,65 @@ class Recovery:
         self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
         self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
         self.state_stale = False  # the members changed outside a step function
-        # Every worker serves a store; the members meet in the lowest one's.
+        # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
         self.joining = False
         self.replacement = False  # started again in place of a dead worker
         self.catching_up = False  # joined, but the members' fit is ahead of this one's
+        self._join_order = list(self.members)  # whose stores a replacement asks
         self._stores = self._exchange_stores()
+        beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         threading.Thread(target=self._watch_requests, name="tfdist-elastic-joins",
                          daemon=True).start()
 
     def _exchange_stores(self):
-        """Every worker's store address; notices a replacement (its key was set before)."""
+        """Every worker's store address: through TF's coordination service at the
+        job's start, from the members' answer (`beacon`) for a replacement."""
+        running = beacon.found()
+        if running is not None:  # this worker replaces a dead one
+            if self._prefix not in running:
+                raise membership.MembershipError(
+                    f"worker {self.me} joins a running job, but the job has no elastic "
+                    f"strategy {self._prefix!r}: the replacement must run the same script.")
+            self.joining = self.replacement = True
+            self._join_order = [int(w) for w in running[self._prefix]["members"]]
+            stores = {int(w): a for w, a in running[self._prefix]["stores"].items()}
+            stores[self.me] = self._store.address
+            return stores
         kv, key = coordination.KeyValue(), f"{self._prefix}/elastic/stores"
         try:
             kv.set(f"{key}/{self.me}", self._store.address)
         except tf.errors.AlreadyExistsError:
-            # The job runs already: this worker replaces a dead one.
-            self.joining = self.replacement = True
+            raise membership.MembershipError(
+                f"worker {self.me} was started again while its job runs, but no member "
+                f"answered its query on UDP port {self._addresses[self.me]} at start-up "
+                "(`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") \
+                from None
         return {w: self._store.address if w == self.me else kv.get(f"{key}/{w}")
                 for w in self.members}
 
+    def _beacon_state(self):
+        return {"stores": {str(w): a for w, a in self._stores.items()},
+                "members": list(self.members), "generation": self.generation}
+
+    def _pending(self):
+        return joining.pending(self._store.items(f"{self._prefix}/join/"), self.members,
+                               self._handled)
+
     def _watch_requests(self):
-        """The members' leader: raises `join_flag` when a replacement asks to join."""
+        """The members' leader: raises `join_flag` when a live replacement asks to join."""
         while True:
             time.sleep(REQUEST_POLL_SECONDS)
+            if self.joining or self.members[0] != self.me:
+                continue
             with self._requests_lock:
-                if (not self.joining and self.members[0] == self.me
-                        and set(self._store.items(f"{self._prefix}/join/")) - self._handled):
-                    self.join_flag.assign(1.0)
+                pending = self._pending()
+            # An old request of a replacement that died since names a dead store.
+            if any(store.Client(address).answers(HEALTH_TIMEOUT_SECONDS)
+                   for _, address in pending.values()):
+                with self._requests_lock:
+                    if self._pending():
+                        self.join_flag.assign(1.0)
 
     def join_requested(self) -> bool:
         """Whether the last step's all-reduce carried a join request (every member agrees)."""
@@ -170,22 +201,22 @@ class Recovery:
         prefix = f"{self._prefix}/elastic/{generation}"
         if self.members[0] == self.me:
             with self._requests_lock:
-                asked = self._store.items(f"{self._prefix}/join/")
-                requests = sorted(set(asked) - self._handled)
-                self._handled.update(requests)
+                requests = self._pending()
+                self._handled.update(key for key, _ in requests.values())
                 self.join_flag.assign(0.0)
             # A replacement's store is new: everyone learns its address here.
-            stores = {key.split("/")[-2]: asked[key] for key in requests}
-            joiners = {int(worker) for worker in stores}
+            stores = {str(w): address for w, (_, address) in requests.items()}
             decision = {"generation": generation, "stores": stores,
-                        "members": sorted(set(self.members) | joiners),
+                        "members": list(self.members) + sorted(requests),
                         "steps": steps, "test_steps": test_steps,
                         "epoch": self.position[0],
                         "batch": self.position[1] + 1}
-            kv = self.kv()
-            kv.set(f"{prefix}/admission", json.dumps(decision))
-            for key in requests:
-                kv.set(key.replace("/join/", "/admitted/", 1), json.dumps(decision))
+            self.kv().set(f"{prefix}/admission", json.dumps(decision))
+            for key, address in requests.values():
+                try:
+                    store.Client(address).set(joining.admitted_key(key), json.dumps(decision))
+                except OSError:
+                    pass  # it died: the state broadcast fails and the members recover
         else:
             decision = json.loads(self.kv().get(f"{prefix}/admission",
                                                 2 * self.options.recover_seconds))
@@ -212,36 +243,12 @@ class Recovery:
             "batch" (the epoch the members are in, and how many of its batches
             they ran).
         """
-        nonce = f"{os.getpid()}-{time.time():.3f}"
-        for worker in sorted(self._stores):  # the lowest reachable store is the leader's
-            if worker == self.me:
-                continue
-            client = store.Client(self._stores[worker])
-            try:
-                client.set(f"{self._prefix}/join/{self.me}/{nonce}", self._store.address)
-                break
-            except OSError:
-                continue
-        else:
-            raise membership.MembershipError(
-                f"worker {self.me} replaces a dead worker but found no member's store to ask.")
-        log.warning("tfdist_ext: worker %d asks worker %d's store to join the running job.",
-                    self.me, worker)
-        try:
-            answer = client.get(f"{self._prefix}/admitted/{self.me}/{nonce}",
-                                self.options.join_seconds)
-        except TimeoutError as err:
-            raise membership.MembershipError(
-                f"worker {self.me} was not taken into the running job within "
-                f"join_seconds={self.options.join_seconds:g} s (asked worker {worker}). The "
-                "members admit a replacement after their next step: raise join_seconds of "
-                "Strategy(elastic=...) for steps that take longer.") from err
-        except OSError as err:
-            raise membership.MembershipError(
-                f"worker {self.me} asked worker {worker} to join the running job, but "
-                f"worker {worker} went away before taking it in ({err}); the job may have "
-                "ended. Start the replacement while the others train.") from err
-        decision = json.loads(answer)
+        request, asked = joining.ask(self._prefix, self.me, self._store.address,
+                                     self._stores, self._join_order)
+        log.warning("tfdist_ext: worker %d asks worker(s) %s to take it into the running job.",
+                    self.me, asked)
+        decision = json.loads(joining.wait_admitted(self._store, request, self._stores, asked,
+                                                    self.options.join_seconds, self.me))
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         self.joining, self.catching_up = False, True
         self._change(decision["generation"], tuple(decision["members"]))
@@ -267,7 +274,7 @@ class Recovery:
 
     def kv(self, leader=None):
         """The meeting place of the members: the store of `leader` (default: the
-        lowest-indexed member). Same interface as `coordination.KeyValue`."""
+        first member in rank order). Same interface as `coordination.KeyValue`."""
         leader = self.members[0] if leader is None else leader
         return store.Client(self._stores[leader])
 
@@ -310,8 +317,10 @@ class Recovery:
             return run()
 
     def dead_members(self) -> List[int]:
-        """Members other than this worker whose TF server and store do not answer (TF's
-        channel to a replacement can fail for a while after the old process died)."""
+        """Members other than this worker whose TF server and store do not answer. TF's
+        channel to a replacement can fail for a while after the old process died, and a
+        replacement not yet admitted answers at a dead member's TF address: the store
+        the members know (the old process's until an admission) decides."""
         dead = []
         for worker in self.members:
             if worker == self.me:
@@ -321,9 +330,7 @@ class Recovery:
                     _compat.check_peer_health(liveness.task_name("worker", worker),
                                               int(HEALTH_TIMEOUT_SECONDS * 1000))
                     break
-                except Exception as err:  # pylint: disable=broad-except  (a failure is a miss)
-                    if liveness.restarted(err):
-                        break  # a replacement that joined: alive
+                except Exception:  # pylint: disable=broad-except  (a failure is a miss)
                     if attempt + 1 == HEALTH_TRIES and not store.Client(
                             self._stores[worker]).answers(HEALTH_TIMEOUT_SECONDS):
                         dead.append(worker)
@@ -352,7 +359,7 @@ class Recovery:
         alive = membership.survivors(self.members, dead)
         self._check_enough(alive, dead)
         generation = self.generation + 1
-        meeting = self.kv(leader=min(alive))
+        meeting = self.kv(leader=alive[0])
         members, level = membership.agree(
             meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,
             steps, self.options.recover_seconds)

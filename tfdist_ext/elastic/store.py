@@ -4,7 +4,7 @@ TF's coordination service, whose store `tfdist_ext.coordination` uses, runs in
 worker 0's process and dies with it. In elastic training every worker also
 serves this small store (Python's standard XML-RPC server, on a thread, on
 its TF_CONFIG host and a free port); the survivors of a failure meet in the
-store of the lowest-indexed survivor. Like TF's own gRPC server it is
+store of the first survivor in rank order. Like TF's own gRPC server it is
 unauthenticated: run jobs on networks you trust.
 
 Keys are set once; `get` waits until the key exists or the timeout passes.
@@ -67,6 +67,10 @@ class Store:
             self._changed.wait_for(lambda: key in self._values, max(float(seconds), 0.0))
             return self._values.get(key)
 
+    def wait(self, key: str, seconds: float):
+        """The value of `key` in this store, waiting up to `seconds`; None if absent."""
+        return self._get(key, seconds)
+
     def items(self, prefix: str) -> dict:
         """The keys set so far that start with `prefix`, with their values (this
         process's store only)."""
@@ -105,7 +109,6 @@ class Client:
             raise TimeoutError(f"{key!r} was not set in the store at {self.address} within "
                                f"{seconds:g} s")
         return value
-
 
     def answers(self, seconds: float) -> bool:
         """Whether the store's process answers a call within `seconds`."""

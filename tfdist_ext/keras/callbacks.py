@@ -201,7 +201,7 @@ def _tfdist_strategy(model):
 
 
 def _is_chief(strategy):
-    return strategy.cluster is None or strategy.cluster.task_index == 0
+    return strategy.extended.should_checkpoint  # rank 0 (it can move in elastic training)
 
 
 def _is_number(value):

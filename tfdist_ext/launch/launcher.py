@@ -154,9 +154,8 @@ class Launcher:
         elastic: A worker that fails does not stop the others (they go on
             without it: `tfdist_ext.elastic`), and is started again with its
             TF_CONFIG after `REPLACEMENT_DELAY_SECONDS` to rejoin the running
-            job, up to `max_restarts` times in all (worker 0, which runs TF's
-            coordination service, is not); the job succeeds when every worker
-            left does. Workers get ``TFDIST_ELASTIC=1``, which
+            job, up to `max_restarts` times in all; the job succeeds when every
+            worker left does. Workers get ``TFDIST_ELASTIC=1``, which
             `tfdist_ext.Strategy` reads.
     """
 
@@ -239,13 +238,9 @@ class Launcher:
         return worker
 
     def _replace(self, worker: Worker):
-        """Elastic: starts a dead worker again (it rejoins the running job) once TF's
-        coordination service has noticed the death; or counts it lost."""
-        if worker.index == 0:
-            self.lost.append(worker.index)
-            self.say(f"{worker.name} runs TF's coordination service, which died with it: it "
-                     "is not started again; the others go on without it (--elastic).")
-        elif self.restarts >= self.max_restarts:
+        """Elastic: starts a dead worker again (it rejoins the running job) once the
+        survivors have noticed the death; or counts it lost."""
+        if self.restarts >= self.max_restarts:
             self.lost.append(worker.index)
             self.say(f"the others go on without {worker.name} (--elastic; all "
                      f"{self.max_restarts} replacements of --max-restarts used).")

@@ -1,0 +1,105 @@
+"""A replacement worker's way into a running elastic job.
+
+A replacement (a dead worker's script started again with its TF_CONFIG and
+TFDIST_ELASTIC=1) learns the members' store addresses from their answer at
+its start (`beacon`), posts a join request to every member's store (`ask`)
+and waits in its own store for the admission (`wait_admitted`). Whichever
+member leads when it next looks (the first in rank order: the leader may
+change while the replacement starts) finds the request in its own store
+(`pending`), and after the members' next step writes the admission into the
+replacement's store (`tfdist_ext.elastic.recovery.Recovery.admit`).
+"""
+
+import os
+import time
+from typing import Dict, Iterable, List, Mapping, Tuple
+
+from tfdist_ext.elastic import store
+from tfdist_ext.elastic.membership import MembershipError
+
+POLL_SECONDS = 2.0  # how often a waiting replacement checks that a member still answers
+ANSWER_SECONDS = 2.0
+
+
+def request_key(prefix: str, worker: int, nonce: str) -> str:
+    return f"{prefix}/join/{worker}/{nonce}"
+
+
+def admitted_key(request: str) -> str:
+    """The key of the admission that answers the join request `request`."""
+    return request.replace("/join/", "/admitted/", 1)
+
+
+def pending(items: Mapping[str, str], members: Iterable[int],
+            handled: Iterable[str]) -> Dict[int, Tuple[str, str]]:
+    """The join requests to act on: worker -> (request key, its store address).
+
+    Args:
+        items: A store's keys under "<prefix>/join/" and their values.
+        members: The workers in the job now (their old requests are done).
+        handled: Request keys admitted before.
+
+    Only a worker's latest request counts (nonces sort by time): an older one
+    names a store that died with an earlier replacement.
+    """
+    latest: Dict[int, Tuple[str, str]] = {}
+    for key in sorted(items):
+        latest[int(key.split("/")[-2])] = (key, items[key])
+    members, handled = set(members), set(handled)
+    return {worker: request for worker, request in latest.items()
+            if worker not in members and request[0] not in handled}
+
+
+def ask(prefix: str, me: int, own_address: str, stores: Mapping[int, str],
+        members: Iterable[int]) -> Tuple[str, List[int]]:
+    """Posts this replacement's join request to every member's store it can reach.
+
+    Returns:
+        (request key, the workers whose stores took it).
+
+    Raises:
+        MembershipError: no member's store answered.
+    """
+    key = request_key(prefix, me, f"{time.time():017.6f}-{os.getpid()}")
+    asked = []
+    for worker in members:
+        if worker == me or worker not in stores:
+            continue
+        try:
+            store.Client(stores[worker]).set(key, own_address)
+            asked.append(worker)
+        except OSError:
+            continue
+    if not asked:
+        raise MembershipError(
+            f"worker {me} replaces a dead worker, but no member of the running job "
+            f"({sorted(stores)}) answered at its store; the job may have ended. Start the "
+            "replacement while the others train.")
+    return key, asked
+
+
+def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
+                  asked: List[int], seconds: float, me: int) -> str:
+    """The admission (JSON) the members' leader writes into `own` store for `request`.
+
+    Raises:
+        MembershipError: nothing within `seconds` (Elastic's join_seconds), or
+            no store of the members asked answers any more (the job ended).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = own.wait(admitted_key(request), min(POLL_SECONDS,
+                                                      max(deadline - time.monotonic(), 0)))
+        if answer is not None:
+            return answer
+        if time.monotonic() >= deadline:
+            raise MembershipError(
+                f"worker {me} was not taken into the running job within join_seconds="
+                f"{seconds:g} s (asked workers {asked}). The members admit a replacement "
+                "after their next step: raise join_seconds of Strategy(elastic=...) for "
+                "steps that take longer.")
+        if not any(store.Client(stores[w]).answers(ANSWER_SECONDS) for w in asked):
+            raise MembershipError(
+                f"worker {me} asked workers {asked} to take it into the running job, but "
+                "they went away before they did: the job ended (or they died). Start the "
+                "replacement while the others train.")
