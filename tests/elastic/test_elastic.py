@@ -259,6 +259,28 @@ def test_a_death_during_validation_is_survived(tmp_path):
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_a_death_during_the_recovery_makes_the_survivors_agree_again(tmp_path):
+    # Worker 3 dies at step 10; worker 0, the survivors' leader, dies once it has read
+    # their reports: workers 1 and 2 lose their meeting place and agree again.
+    codes, texts, results = _run_job(tmp_path, "twice", kill_worker=3, kill_step=10,
+                                     workers=4, extra=(4, "mlp", "recovery"))
+    assert codes[0] == -9 and codes[3] == -9 and codes[1:3] == [0, 0], \
+        [t[-3000:] for t in texts]
+    second, third = results[1], results[2]
+    assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
+    (failure,) = second["failures"]
+    assert failure["dead"] == [0, 3] and failure["generation"] == 2, failure
+    killed = float((tmp_path / "twice" / "killed.txt").read_text())
+    assert failure["time"] - killed < 10
+    assert "another death during the recovery" in texts[1], texts[1][-3000:]
+    assert "worker 1 is now the chief" in texts[1]
+    assert second["iterations"] == third["iterations"] == 4 * 27
+    assert second["loss"][-1] < second["loss"][0]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_death_while_keras_reads_its_metrics_at_an_epoch_end_is_survived(tmp_path):
     # Worker 2 dies after the last batch of epoch 1 (27 batches): the others are in
     # Keras' epoch-end reading of its metrics, an all-reduce outside the step functions.

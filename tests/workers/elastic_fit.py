@@ -8,7 +8,9 @@ its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
 momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
 steps; "epoch_end": the kill comes after batch KILL_STEP of the first epoch
 instead of before step KILL_STEP, so the last batch of the epoch leaves the
-others in Keras' reading of its metrics); worker KILL_WORKER SIGKILLs
+others in Keras' reading of its metrics; "recovery": as "train", and worker 0,
+the survivors' leader, SIGKILLs itself once it has read their reports, before
+it announces the membership, so that they must agree again); worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
@@ -102,8 +104,22 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
-    kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), phase),
-             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=phase)]
+    if phase == "recovery" and index == 0:
+        agree = tfdist_ext.elastic.membership.agree
+
+        def agree_and_die(kv_set, kv_get, prefix, me, alive, *args):
+            def get(key, seconds):  # the leader dies once it has every survivor's report
+                value = kv_get(key, seconds)
+                if key.endswith(f"/report/{alive[-1]}"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return value
+
+            return agree(kv_set, get, prefix, me, alive, *args)
+
+        tfdist_ext.elastic.membership.agree = agree_and_die
+    kill_phase = "train" if phase == "recovery" else phase
+    kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
+             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=kill_phase)]
             if int(kill_step) >= 0 and phase != "epoch_end" else [])
     if phase == "epoch_end" and index == int(kill_worker):
         kill.append(keras.callbacks.LambdaCallback(

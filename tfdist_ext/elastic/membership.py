@@ -19,6 +19,10 @@ class MembershipError(RuntimeError):
     """The survivors could not agree, or fewer than `min_workers` are left."""
 
 
+class LeaderLost(MembershipError):
+    """The leader of an agreement died or went silent during it: agree again."""
+
+
 def survivors(members: Sequence[int], dead) -> Tuple[int, ...]:
     """`members` without `dead`, in order."""
     dead = set(dead)
@@ -58,7 +62,7 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
     try:
         return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout)
     except (OSError, EOFError) as err:  # the leader's store is unreachable
-        raise MembershipError(f"worker {me}: the meeting place of the survivors, worker "
+        raise LeaderLost(f"worker {me}: the meeting place of the survivors, worker "
                               f"{leader}'s store, failed ({type(err).__name__}: {err}): "
                               "it died too during the recovery.") from None
 
@@ -82,7 +86,7 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
             # Twice the leader's wait: it may have noticed the death later than this one.
             decision = json.loads(kv_get(f"{prefix}/members", 2 * timeout))
         except (TimeoutError, KeyError) as err:
-            raise MembershipError(
+            raise LeaderLost(
                 f"worker {me}: worker {leader}, the first survivor in rank order, did not announce "
                 f"the new membership within {2 * timeout:g} s ({err}); raise "
                 "Elastic(recover_seconds=...) on slow links.") from None

@@ -49,8 +49,9 @@ next step's all-reduce (`tfdist_ext.keras.uneven`) carries to every member,
 so all of them call `admit` after the same step: a new generation with the
 replacement ranked last (the chief stays the chief), rank 0's state broadcast
 to everyone, and the replacement's `fit` resumes at the members' epoch and
-batch. Not covered yet: a second death during a recovery or an admission, and
-sync policies other than "sync".
+batch. A death during a recovery makes the survivors agree again (`recover`,
+and `tfdist_ext.keras.elastic_steps` when the state broadcast fails). Not
+covered yet: sync policies other than "sync".
 """
 
 import contextlib
@@ -70,6 +71,7 @@ log = logging.getLogger("tfdist_ext")
 HEALTH_TIMEOUT_SECONDS = 2.0
 HEALTH_TRIES = 2
 REQUEST_POLL_SECONDS = 0.5  # how often the members' leader looks for join requests
+RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
 
 
 class Recovery:
@@ -99,6 +101,7 @@ class Recovery:
         self.me = strategy.worker_index
         self.members = tuple(range(strategy.num_workers))
         self.generation = 0
+        self._attempted = 0  # the last generation this worker tried to reach
         self.failures: List[dict] = []
         self.joins: List[dict] = []
         self._strategy = strategy
@@ -197,7 +200,7 @@ class Recovery:
             steps: Training steps this worker ran (the same on every member).
             test_steps: Test steps it ran (`evaluate`, validation), likewise.
         """
-        generation = self.generation + 1
+        generation = self.next_generation()
         prefix = f"{self._prefix}/elastic/{generation}"
         if self.members[0] == self.me:
             with self._requests_lock:
@@ -351,14 +354,38 @@ class Recovery:
             The `error` itself when no member is dead (not a failure this
             handles); `membership.MembershipError` when the survivors cannot
             agree or are fewer than `min_workers`.
+
+        A member that dies during the agreement (the leader, whose store is
+        the meeting place) makes the others agree again without it, up to
+        `RECOVERY_ATTEMPTS` times, each under a new generation.
         """
-        start = time.monotonic()
-        dead = self.dead_members()
-        if not dead:
-            raise error
+        start, last = time.monotonic(), error
+        for attempt in range(RECOVERY_ATTEMPTS):
+            dead = self.dead_members()
+            if not dead:
+                raise last
+            try:
+                return self._recover_once(error, steps, dead, start)
+            except (membership.LeaderLost, OSError, TimeoutError) as again:
+                if attempt + 1 == RECOVERY_ATTEMPTS:
+                    raise
+                log.warning("tfdist_ext: worker %d: another death during the recovery (%s); "
+                            "the survivors agree again.", self.me,
+                            " ".join(str(again).split())[:200])
+                last = again
+        raise AssertionError("unreachable")
+
+    def next_generation(self) -> int:
+        """The generation of the next membership change: one past any this worker
+        tried, so that survivors whose last attempt failed at different points
+        meet under the same name."""
+        self._attempted = max(self.generation, self._attempted) + 1
+        return self._attempted
+
+    def _recover_once(self, error, steps, dead, start):
         alive = membership.survivors(self.members, dead)
         self._check_enough(alive, dead)
-        generation = self.generation + 1
+        generation = self.next_generation()
         meeting = self.kv(leader=alive[0])
         members, level = membership.agree(
             meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,

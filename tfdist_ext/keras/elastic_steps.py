@@ -7,7 +7,7 @@ once per step; a failed test step's batch is left out of the metrics. On a faile
 wrapper has the strategy's `elastic.recovery.Recovery` agree on the survivors
 and rebuild the communicators, traces Keras' functions again, gives every
 member rank 0's weights and optimizer state, and returns the last good step's
-logs. A survivor that ran fewer steps than the others (its step had failed
+logs (another death during that, again). A survivor that ran fewer steps than the others (its step had failed
 while theirs had finished) then skips as many calls, consuming their
 batches without training, so that all members' steps pair up again until the
 end of `fit`.
@@ -18,6 +18,8 @@ import weakref
 
 import keras
 import tensorflow as tf
+
+from tfdist_ext.elastic import recovery as recovery_lib
 
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
@@ -77,7 +79,8 @@ def wrap(train_function, model, strategy, phase="train"):
                 recovery.admit(progress.steps, tested.steps if tested is not None else 0)
                 _retrace(model)
                 recovery.broadcast_state(state(model))
-            except tf.errors.OpError as err:  # a replacement died while it was taken in
+            except (tf.errors.OpError, OSError, TimeoutError) as err:
+                # A replacement, or the leader, died during the admission.
                 _recover(recovery, model, progress, err)
         return logs
 
@@ -96,9 +99,16 @@ def _metric_logs(model, strategy):
 
 
 def _recover(recovery, model, progress, err):
-    progress.skip = recovery.recover(err, progress.steps)
-    _retrace(model)
-    recovery.broadcast_state(state(model))
+    for attempt in range(recovery_lib.RECOVERY_ATTEMPTS):
+        progress.skip = recovery.recover(err, progress.steps)
+        _retrace(model)
+        try:
+            recovery.broadcast_state(state(model))
+            return
+        except tf.errors.OpError as again:  # another member died during the broadcast
+            if attempt + 1 == recovery_lib.RECOVERY_ATTEMPTS:
+                raise
+            err = again
 
 
 def state(model):
