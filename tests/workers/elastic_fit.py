@@ -99,7 +99,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
         x, x_test = (np.clip(np.round(v * 2) + 8, 0, 15).astype("int32") for v in (x, x_test))
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = build(model_name)
+        model = build(model_name.replace("-arrays", ""))
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
@@ -130,7 +130,10 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     validation = (x_test[:1024], y_test[:1024]) if phase == "test" else None
     checkpoint = keras.callbacks.ModelCheckpoint(
         os.path.join(out_dir, "ckpt-{epoch}.weights.h5"), save_weights_only=True)
-    history = model.fit(train, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint],
+    # MODEL "mlp-arrays": the MLP fed numpy arrays (Keras shuffles them each epoch).
+    inputs = dict(x=x, y=y, batch_size=96, shuffle=True) if model_name.endswith("-arrays") \
+        else dict(x=train)
+    history = model.fit(**inputs, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint],
                         validation_data=validation, validation_batch_size=96)
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())

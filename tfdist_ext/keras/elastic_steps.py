@@ -62,7 +62,13 @@ def wrap(train_function, model, strategy, phase="train"):
             recovery.steps = progress.steps
         if progress.skip > 0:
             progress.skip -= 1
-            next(iterator)
+            # TF's distributed iterator (Keras' input from arrays) agrees with the other
+            # workers on whether data is left: they are in a step, so it reads alone.
+            strategy.keep_logs_local(True)
+            try:
+                next(iterator)
+            finally:
+                strategy.keep_logs_local(False)
             # A replacement has no step of its own yet: its (empty) metrics.
             return progress.logs or _metric_logs(model, strategy)
         try:
