@@ -136,8 +136,8 @@ _elastic_context = []  # [True] once the context was configured for replacements
 
 
 def elastic_context() -> bool:
-    """Whether TF's coordination service was configured to take a replacement worker
-    (TFDIST_ELASTIC=1 when the context was prepared)."""
+    """Whether the context was prepared for elastic training (TFDIST_ELASTIC=1 then,
+    or this process joined a running elastic job as a replacement)."""
     return bool(_elastic_context)
 
 
@@ -171,7 +171,9 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
         scoped_allocator_enabled_ops=("CollectiveReduce",),
         device_filters=(f"/job:{task_type}/task:{task_id}",))
     # Elastic jobs (TFDIST_ELASTIC=1): a worker's death does not fail the others'
-    # agents (a recoverable job). A replacement joins without the service.
+    # agents (a recoverable job). A replacement joins without the service; one that
+    # heard no member's answer registers as a new incarnation, and `Recovery` then
+    # stops it with an error naming the blocked UDP.
     elastic = os.environ.get("TFDIST_ELASTIC") == "1" or not coordination
     if coordination:
         ctx.configure_coordination_service(

@@ -156,8 +156,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             if not _compat.elastic_context():
                 log.warning("tfdist_ext: elastic training without %s=1 in the environment "
                             "at import: the survivors of a death go on, but a worker "
-                            "started again cannot rejoin (TF's coordination service was "
-                            "not told to take it). Set %s=1 for every worker, as "
+                            "started again cannot rejoin (only under it does a starting "
+                            "worker ask the members whether the job runs). Set %s=1 for "
+                            "every worker, as "
                             "`tfdist-run --elastic` does.", elastic_options.VARIABLE,
                             elastic_options.VARIABLE)
         if spec is not None:

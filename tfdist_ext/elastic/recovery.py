@@ -158,8 +158,8 @@ class Recovery:
         except tf.errors.AlreadyExistsError:
             raise membership.MembershipError(
                 f"worker {self.me} was started again while its job runs, but no member "
-                f"answered its query on UDP port {self._addresses[self.me]} at start-up "
-                "(`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") \
+                f"answered its query on UDP at start-up (sent to their TF_CONFIG ports; "
+                "`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") \
                 from None
         return {w: self._store.address if w == self.me else kv.get(f"{key}/{w}")
                 for w in self.members}
