@@ -1,0 +1,105 @@
+"""Elastic training's agreement, join requests and beacon, in one process.
+
+`membership.agree` runs in threads over a shared dict; `joining` and `beacon`
+over real stores and UDP sockets on 127.0.0.1.
+"""
+
+import threading
+
+import pytest
+
+from tfdist_ext.elastic import MembershipError, beacon, joining, membership, store
+from tfdist_ext.launch import free_ports
+
+
+class _Store:
+    """A key-value store shared by threads (each key set once), for `membership.agree`."""
+
+    def __init__(self):
+        self.values, self.changed = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self.changed:
+            assert key not in self.values, key
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def get(self, key, seconds):
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values, seconds):
+                raise TimeoutError(key)
+            return self.values[key]
+
+
+def _agree_all(shared, reports, timeout=2.0):
+    results = {}
+
+    def run(me, alive, steps):
+        try:
+            results[me] = membership.agree(shared.set, shared.get, "g1", me, alive, steps, timeout)
+        except MembershipError as err:
+            results[me] = err
+
+    threads = [threading.Thread(target=run, args=r) for r in reports]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_survivors_agree_on_members_and_the_step_to_resume_at():
+    results = _agree_all(_Store(), [(0, (0, 1, 3), 11), (1, (0, 1, 3), 12), (3, (0, 1, 3), 11)])
+    assert results == {w: ((0, 1, 3), 12) for w in (0, 1, 3)}
+    assert membership.survivors((0, 1, 2, 3), [2]) == (0, 1, 3)
+    assert membership.position((0, 1, 3), 3) == 2
+
+
+def test_a_silent_survivor_is_left_out_and_told_so():
+    shared = _Store()
+    results = _agree_all(shared, [(0, (0, 1, 2), 5), (1, (0, 1, 2), 5)], timeout=0.5)
+    assert results[0] == ((0, 1), 5) and results[1] == ((0, 1), 5)
+    late = _agree_all(shared, [(2, (0, 1, 2), 5)])[2]
+    assert isinstance(late, MembershipError) and "worker 2 was left out" in str(late)
+
+
+
+def test_only_the_latest_request_of_a_worker_not_in_the_job_counts():
+    items = {"p/join/2/0000001000.000000-7": "h:1", "p/join/2/0000002000.000000-9": "h:2",
+             "p/join/1/0000001500.000000-8": "h:3", "p/join/0/0000001600.000000-5": "h:4"}
+    assert joining.pending(items, members=(0, 3), handled=()) == {
+        2: ("p/join/2/0000002000.000000-9", "h:2"), 1: ("p/join/1/0000001500.000000-8", "h:3")}
+    # Worker 2's latest request was admitted: its older one names a dead store.
+    assert joining.pending(items, members=(0,), handled={"p/join/2/0000002000.000000-9"}) == {
+        1: ("p/join/1/0000001500.000000-8", "h:3")}
+    assert joining.admitted_key("p/join/2/x") == "p/admitted/2/x"
+
+
+def test_a_replacement_nobody_admits_stops_naming_join_seconds_or_the_ended_job():
+    own, member = store.Store("127.0.0.1"), store.Store("127.0.0.1")
+    stores = {0: member.address, 2: own.address}
+    request, asked = joining.ask("p", 2, own.address, stores, [0, 2])
+    assert asked == [0] and member.items("p/join/") == {request: own.address}
+    with pytest.raises(MembershipError, match=r"worker 2 was not taken into the running job "
+                       r"within join_seconds=0.5 s \(asked workers \[0\]\)"):
+        joining.wait_admitted(own, request, stores, asked, 0.5, 2)
+    member.close()  # the members finished
+    with pytest.raises(MembershipError, match=r"asked workers \[0\] to take it into the "
+                       r"running job, but they went away before they did: the job ended"):
+        joining.wait_admitted(own, request, stores, asked, 30.0, 2)
+    with pytest.raises(MembershipError, match=r"no member of the running job \(\[0, 2\]\) "
+                       "answered at its store"):
+        joining.ask("p", 2, own.address, stores, [0, 2])
+    threading.Timer(0.2, lambda: store.Client(own.address).set(
+        joining.admitted_key(request), "{}")).start()
+    assert joining.wait_admitted(own, request, stores, asked, 30.0, 2) == "{}"
+    own.close()
+
+
+def test_the_members_answer_a_replacement_at_their_tf_config_port():
+    port = free_ports(1)[0]
+    assert beacon.running_job([f"127.0.0.1:{port}"], tries=1, seconds=0.2) is None
+    state = {"stores": {"0": "127.0.0.1:1"}, "members": [0, 1], "generation": 3}
+    assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: state)
+    assert beacon.running_job([f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{port}"]) == {
+        "tfdist/x": state}
