@@ -1,5 +1,6 @@
 """Tiny runs of the multi-worker benchmarks, to keep them working (not timings)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -173,3 +174,33 @@ def test_modes_matrix_summarizes_marks_warnings_and_fails_unwarned_losses(tmp_pa
     assert [(r["optimizer"], r["mode"]) for r in failed] == [("adam", "local_sgd")]
     assert "1 unwarned cells more than 2 points below sync (or diverged)" in result.stdout
     assert plot.stat().st_size > 0
+
+
+def test_step_benchmark_records_a_launch_that_fails_twice_and_goes_on(monkeypatch):
+    spec = importlib.util.spec_from_file_location("step_bench", ROOT / "bench" / "step.py")
+    step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step)
+    calls = []
+
+    def crash(args, system, workers, out_dir):
+        calls.append((system, workers))
+        raise RuntimeError(f"{system} at {workers} workers failed:\nterminate called")
+
+    monkeypatch.setattr(step, "launch", crash)
+    failures = {}
+    assert step._launch_twice(None, "torch_ddp", 4, failures) == {}  # pylint: disable=protected-access
+    assert calls == [("torch_ddp", 4)] * 2
+    assert failures == {"torch_ddp@4": ["torch_ddp at 4 workers failed:\nterminate called"] * 2}
+
+
+def test_engines_benchmark_tiny(tmp_path):
+    out = tmp_path / "engines.json"
+    _run("engines.py", "--replicas", "2", "--sizes", "1KB,64KB", "--ucx", "", "--ucx-schedules",
+         "", "--tf", "native", "--repeat", "2", "--json", str(out))
+    records = json.loads(out.read_text())
+    assert {(r["row"], r["bytes"]) for r in records} == {("tf:native", 1024),
+                                                         ("tf:native", 65536)}
+    for r in records:
+        assert r["memcpy_GBps"] == max(r["memcpy_GBps_start"], r["memcpy_GBps_end"]) > 0
+        assert r["algbw_over_memcpy"] == pytest.approx(r["algbw_GBps"] / r["memcpy_GBps"])
+        assert r["memcpy_concurrent_GBps"] is None  # one process: nobody copies beside it
