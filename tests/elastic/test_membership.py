@@ -5,6 +5,7 @@ over real stores and UDP sockets on 127.0.0.1.
 """
 
 import threading
+import time
 
 import pytest
 
@@ -103,3 +104,14 @@ def test_the_members_answer_a_replacement_at_their_tf_config_port():
     assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: state)
     assert beacon.running_job([f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{port}"]) == {
         "tfdist/x": state}
+
+
+def test_the_leader_hears_of_a_join_request_when_it_arrives():
+    own = store.Store("127.0.0.1")
+    assert own.items("p/join/", 0, 0.05) == {}  # waited, nothing came
+    threading.Timer(0.2, lambda: store.Client(own.address).set("p/join/2/x", "h:2")).start()
+    start = time.monotonic()
+    assert own.items("p/join/", 0, 30.0) == {"p/join/2/x": "h:2"}
+    assert time.monotonic() - start < 10.0  # woken by the request, not the 30 s timeout
+    assert own.items("p/join/", 1, 0.05) == {"p/join/2/x": "h:2"}  # nothing new: times out
+    own.close()

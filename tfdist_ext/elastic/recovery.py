@@ -70,7 +70,7 @@ from tfdist_ext.elastic import beacon, joining, membership, store
 log = logging.getLogger("tfdist_ext")
 HEALTH_TIMEOUT_SECONDS = 2.0
 HEALTH_TRIES = 2
-REQUEST_POLL_SECONDS = 0.5  # how often the members' leader looks for join requests
+REQUEST_POLL_SECONDS = 0.5  # the members' leader looks again this often (at once for a new one)
 RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
 
 
@@ -174,8 +174,9 @@ class Recovery:
 
     def _watch_requests(self):
         """The members' leader: raises `join_flag` when a live replacement asks to join."""
+        seen = 0
         while True:
-            time.sleep(REQUEST_POLL_SECONDS)
+            seen = len(self._store.items(f"{self._prefix}/join/", seen, REQUEST_POLL_SECONDS))
             if self.joining or self.members[0] != self.me:
                 continue
             with self._requests_lock:

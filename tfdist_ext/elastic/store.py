@@ -71,11 +71,16 @@ class Store:
         """The value of `key` in this store, waiting up to `seconds`; None if absent."""
         return self._get(key, seconds)
 
-    def items(self, prefix: str) -> dict:
+    def items(self, prefix: str, more_than: int = -1, seconds: float = 0.0) -> dict:
         """The keys set so far that start with `prefix`, with their values (this
-        process's store only)."""
-        with self._changed:
+        process's store only); first waits up to `seconds` until there are more
+        than `more_than` of them."""
+        def matching():
             return {k: v for k, v in self._values.items() if k.startswith(prefix)}
+
+        with self._changed:
+            self._changed.wait_for(lambda: len(matching()) > more_than, max(seconds, 0.0))
+            return matching()
 
     def close(self):
         self._server.shutdown()
