@@ -20,8 +20,9 @@ The machine's limits are measured in the same run: memcpy (numpy copy of the
 largest size, best of 11, before and after the rows; the faster is the
 limit, as the machine's speed drifts), memcpy by every worker at once (the
 median per worker: no all-reduce of that size can beat it, since each rank
-reads its input and writes its output) and one loopback TCP stream (`--transport` decides whether UCX
-may use shared memory, ``UCX_TLS=tcp`` otherwise). algbw = bytes / time;
+reads its input and writes its output) and one loopback TCP stream
+(`--transport` decides whether UCX may use shared memory, ``UCX_TLS=tcp``
+otherwise). algbw = bytes / time;
 busbw = algbw * 2(p-1)/p as in nccl-tests. The chief's times are reported,
 with each row's ratio to Gloo and to tf:native.
 """

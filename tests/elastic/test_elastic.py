@@ -279,6 +279,27 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_a_member_dying_while_a_replacement_joins_leaves_the_replacement_running(tmp_path):
+    # Worker 2 dies at step 10 and is started again; worker 1 dies once it has admitted
+    # it and wired up with it, before the state broadcast. Worker 0 and the replacement
+    # agree without it (the replacement is a member by then) instead of the replacement
+    # failing too (it used to exit with the broadcast's error and be started again).
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", "admission"],
+                          options=["--elastic"], timeout=240, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert out.count("worker 2 starts again") == 1, out[-4000:]
+    assert out.count("worker 1 starts again") == 1, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert len({r["sha"] for r in results}) == 1
+    assert results[2]["pid_start"] == results[2]["pid_end"]
+    assert [f["dead"] for f in results[2]["failures"]] == [[1]], results[2]["failures"]
+    assert [f["dead"] for f in results[0]["failures"]] == [[2], [1]], results[0]["failures"]
+    assert results[0]["members"] == [0, 2, 1]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_benchmark_reports_each_failure(tmp_path):
     out = tmp_path / "elastic.json"
     result = subprocess.run(

@@ -10,7 +10,9 @@ steps; "epoch_end": the kill comes after batch KILL_STEP of the first epoch
 instead of before step KILL_STEP, so the last batch of the epoch leaves the
 others in Keras' reading of its metrics; "recovery": as "train", and worker 0,
 the survivors' leader, SIGKILLs itself once it has read their reports, before
-it announces the membership, so that they must agree again); worker KILL_WORKER SIGKILLs
+it announces the membership, so that they must agree again; "admission": as "train",
+and worker 1 SIGKILLs itself once it has admitted the replacement of the killed
+worker and wired up with it, before the state broadcast); worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
@@ -117,7 +119,17 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             return agree(kv_set, get, prefix, me, alive, *args)
 
         tfdist_ext.elastic.membership.agree = agree_and_die
-    kill_phase = "train" if phase == "recovery" else phase
+    if phase == "admission" and index == 1 and not strategy.elastic.replacement:
+        broadcast = strategy.elastic.broadcast_state
+
+        def wire_up_and_die(variables):  # the admission's state broadcast, not a recovery's
+            if strategy.elastic.joins:
+                strategy.extended.cross_device_ops.collective_engine()  # the new members'
+                os.kill(os.getpid(), signal.SIGKILL)
+            return broadcast(variables)
+
+        strategy.elastic.broadcast_state = wire_up_and_die
+    kill_phase = "train" if phase in ("recovery", "admission") else phase
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=kill_phase)]
             if int(kill_step) >= 0 and phase != "epoch_end" else [])

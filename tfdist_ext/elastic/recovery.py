@@ -256,7 +256,11 @@ class Recovery:
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         self.joining, self.catching_up = False, True
         self._change(decision["generation"], tuple(decision["members"]))
-        self.broadcast_state(variables)
+        try:
+            self.broadcast_state(variables)
+        except tf.errors.OpError as err:  # a member died while this worker joined
+            # A member now: it agrees with the others, at the admission's step.
+            self.recover_and_share(err, decision["steps"], lambda: variables)
         log.warning("tfdist_ext: worker %d joined at step %d (epoch %d, batch %d).",
                     self.me, decision["steps"], decision["epoch"], decision["batch"])
         return decision
@@ -374,6 +378,22 @@ class Recovery:
                             "the survivors agree again.", self.me,
                             " ".join(str(again).split())[:200])
                 last = again
+        raise AssertionError("unreachable")
+
+    def recover_and_share(self, error, steps, variables, rebuild=lambda: None) -> int:
+        """`recover`, `rebuild()`, then rank 0's state to everyone (`broadcast_state`
+        of `variables()`); a death in the broadcast makes the survivors agree again, up
+        to `RECOVERY_ATTEMPTS` times. Returns the steps to skip (as `recover`)."""
+        for attempt in range(RECOVERY_ATTEMPTS):
+            skip = self.recover(error, steps)
+            rebuild()
+            try:
+                self.broadcast_state(variables())
+                return skip
+            except tf.errors.OpError as again:  # another member died during the broadcast
+                if attempt + 1 == RECOVERY_ATTEMPTS:
+                    raise
+                error = again
         raise AssertionError("unreachable")
 
     def next_generation(self) -> int:

@@ -19,7 +19,6 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist_ext.elastic import recovery as recovery_lib
 
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
@@ -105,16 +104,8 @@ def _metric_logs(model, strategy):
 
 
 def _recover(recovery, model, progress, err):
-    for attempt in range(recovery_lib.RECOVERY_ATTEMPTS):
-        progress.skip = recovery.recover(err, progress.steps)
-        _retrace(model)
-        try:
-            recovery.broadcast_state(state(model))
-            return
-        except tf.errors.OpError as again:  # another member died during the broadcast
-            if attempt + 1 == recovery_lib.RECOVERY_ATTEMPTS:
-                raise
-            err = again
+    progress.skip = recovery.recover_and_share(err, progress.steps, lambda: state(model),
+                                               lambda: _retrace(model))
 
 
 def state(model):
