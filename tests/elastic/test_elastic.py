@@ -229,6 +229,24 @@ def test_a_death_during_the_recovery_makes_the_survivors_agree_again(tmp_path):
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_a_death_before_the_wire_up_of_new_communicators_is_survived_at_once(tmp_path):
+    # Worker 2 dies at step 10; worker 1 dies once the survivors agreed, before it
+    # publishes its address for their new communicators. Worker 0 gives up waiting for
+    # it when the watcher finds it dead (it used to wait the rendezvous' 300 s).
+    codes, texts, results = _run_job(tmp_path, "wire-up", kill_worker=2, kill_step=10,
+                                     extra=(2, "mlp", "wire-up"))
+    assert codes == [0, -9, -9], [t[-3000:] for t in texts]
+    first = results[0]
+    assert [f["dead"] for f in first["failures"]] == [[2], [1]], first["failures"]
+    assert first["members"] == [0] and first["iterations"] == 2 * 27
+    assert first["failures"][1]["time"] - first["failures"][0]["time"] < 30
+    assert "died while the members wired up generation 1's communicators" in texts[0], \
+        texts[0][-3000:]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_death_while_keras_reads_its_metrics_at_an_epoch_end_is_survived(tmp_path):
     # Worker 2 dies after the last batch of epoch 1 (27 batches): the others are in
     # Keras' epoch-end reading of its metrics, an all-reduce outside the step functions.

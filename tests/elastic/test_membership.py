@@ -1,6 +1,6 @@
 """Elastic training's agreement, join requests and beacon, in one process.
 
-`membership.agree` runs in threads over a shared dict; `joining` and `beacon`
+`membership.agree` runs in threads over a shared dict; `joining`, `admission` and `beacon`
 over real stores and UDP sockets on 127.0.0.1.
 """
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfdist_ext.elastic import MembershipError, beacon, joining, membership, store
+from tfdist_ext.elastic import MembershipError, admission, beacon, joining, membership, store
 from tfdist_ext.launch import free_ports
 
 
@@ -115,3 +115,51 @@ def test_the_leader_hears_of_a_join_request_when_it_arrives():
     assert time.monotonic() - start < 10.0  # woken by the request, not the 30 s timeout
     assert own.items("p/join/", 1, 0.05) == {"p/join/2/x": "h:2"}  # nothing new: times out
     own.close()
+
+
+def test_a_wait_in_a_store_ends_when_its_check_raises():
+    own = store.Store("127.0.0.1")
+    checks = []
+
+    def check():
+        checks.append(time.monotonic())
+        if len(checks) == 2:
+            raise ConnectionAbortedError("worker 1 died")
+
+    start = time.monotonic()
+    with pytest.raises(ConnectionAbortedError, match="worker 1 died"):
+        store.Client(own.address, check, check_seconds=0.2).get("k", 60.0)
+    assert len(checks) == 2 and time.monotonic() - start < 10.0
+    with pytest.raises(TimeoutError, match=r"'k' was not set in the store at .* within 0.5 s"):
+        store.Client(own.address, lambda: None, check_seconds=0.2).get("k", 0.5)
+    threading.Timer(0.3, lambda: store.Client(own.address).set("k", "v")).start()
+    assert store.Client(own.address, lambda: None, check_seconds=0.1).get("k", 30.0) == "v"
+    own.close()
+
+
+def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
+    own, replacement = store.Store("127.0.0.1"), store.Store("127.0.0.1")
+    dead = store.Store("127.0.0.1")
+    dead_address = dead.address
+    dead.close()
+    leads = threading.Event()
+    requests = admission.Requests(own, "p", lambda: (0, 1), leads.is_set)
+    client = store.Client(own.address)
+    client.set(joining.request_key("p", 2, "1"), dead_address)  # died since it asked
+    leads.set()
+    time.sleep(3 * admission.POLL_SECONDS + admission.ANSWER_SECONDS)
+    assert float(requests.flag.numpy()) == 0.0
+    assert not requests.requested()
+    client.set(joining.request_key("p", 2, "2"), replacement.address)  # its replacement
+    deadline = time.monotonic() + 30
+    while float(requests.flag.numpy()) == 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert float(requests.flag.numpy()) == 1.0
+    requests.agreed.assign(1.0)  # what the members' all-reduce of the flag sums to
+    assert requests.requested()
+    assert requests.take() == {2: ("p/join/2/2", replacement.address)}
+    assert float(requests.flag.numpy()) == 0.0 and requests.take() == {}
+    requests.settled()
+    assert not requests.requested()
+    own.close()
+    replacement.close()

@@ -12,7 +12,9 @@ others in Keras' reading of its metrics; "recovery": as "train", and worker 0,
 the survivors' leader, SIGKILLs itself once it has read their reports, before
 it announces the membership, so that they must agree again; "admission": as "train",
 and worker 1 SIGKILLs itself once it has admitted the replacement of the killed
-worker and wired up with it, before the state broadcast); worker KILL_WORKER SIGKILLs
+worker and wired up with it, before the state broadcast; "wire-up": as "train", and worker
+1 SIGKILLs itself once the survivors agreed on the new membership, before it publishes
+its address for their new communicators); worker KILL_WORKER SIGKILLs
 itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
@@ -129,7 +131,15 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             return broadcast(variables)
 
         strategy.elastic.broadcast_state = wire_up_and_die
-    kill_phase = "train" if phase in ("recovery", "admission") else phase
+    if phase == "wire-up" and index == 1:
+        reconfigure = strategy.reconfigure_workers
+
+        def reconfigure_and_die(rank, workers, generation, kv):
+            reconfigure(rank, workers, generation, kv)  # lazy: the wire-up is at first use
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        strategy.reconfigure_workers = reconfigure_and_die
+    kill_phase = "train" if phase in ("recovery", "admission", "wire-up") else phase
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=kill_phase)]
             if int(kill_step) >= 0 and phase != "epoch_end" else [])

@@ -1,8 +1,10 @@
 """Training that goes on when a worker dies: `tfdist_ext.Strategy(elastic=True)`.
 
 `Elastic` holds the options; `recovery` what the survivors do (see there);
-`membership` how they agree on who is left; `store` where they meet;
-`beacon` and `joining` how a replacement finds the running job and gets in;
+`health` and `membership` how they find who is left and agree on it; `store`
+where they meet;
+`beacon`, `joining` and `admission` how a replacement finds the running job and
+gets in; `state` how the members agree on the weights;
 `KillAt` (a Keras callback) injects a failure.
 """
 

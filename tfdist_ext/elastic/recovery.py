@@ -40,18 +40,14 @@ gradient is the mean over the samples the members computed.
 The same holds for a test step (`evaluate`, or `fit`'s validation): the
 failed batch is left out of the metrics.
 
-A replacement (the dead worker's script started again with its TF_CONFIG,
-worker 0's included) hears from the members at its start (`beacon`: TF's
-coordination service may have died with worker 0, so the replacement starts
-without it), posts a join request to the members' stores and waits
-(`join`, `joining`). The leader's poll thread raises `join_flag`, which the
-next step's all-reduce (`tfdist_ext.keras.uneven`) carries to every member,
-so all of them call `admit` after the same step: a new generation with the
-replacement ranked last (the chief stays the chief), rank 0's state broadcast
-to everyone, and the replacement's `fit` resumes at the members' epoch and
-batch. A death during a recovery makes the survivors agree again (`recover`,
-and `tfdist_ext.keras.elastic_steps` when the state broadcast fails). Not
-covered yet: sync policies other than "sync".
+A replacement (the dead worker's script started again with its TF_CONFIG)
+finds the members (`beacon`), asks to join and waits (`join`, `joining`); the
+members agree to admit it after the same step (`admission`, `admit`): a new
+generation with the replacement ranked last (the chief stays the chief), rank
+0's state broadcast to everyone (`state`), and the replacement's `fit` resumes
+at the members' epoch and batch. A death during a recovery or an admission
+makes the survivors agree again (`recover`, `recover_and_share`). Not covered
+yet: sync policies other than "sync".
 """
 
 import contextlib
@@ -65,12 +61,9 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, coordination, liveness
 from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.elastic import beacon, joining, membership, store
+from tfdist_ext.elastic import admission, beacon, health, joining, membership, state, store
 
 log = logging.getLogger("tfdist_ext")
-HEALTH_TIMEOUT_SECONDS = 2.0
-HEALTH_TRIES = 2
-REQUEST_POLL_SECONDS = 0.5  # the members' leader looks again this often (at once for a new one)
 RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
 
 
@@ -94,6 +87,9 @@ class Recovery:
             "step", "joined" (their indices), "members" and "time".
         replacement: Whether this process replaces a dead worker (it joined a
             running job).
+        join_flag, join_agreed: float32 variables: a join request this worker
+            (the members' leader) saw, and the members' sum of it in the last
+            step (`admission.Requests`).
     """
 
     def __init__(self, strategy, options, key_prefix):
@@ -114,16 +110,9 @@ class Recovery:
                                                     name="elastic_part"),
                            _compat.ResourceVariable(len(self.members), dtype=tf.int64,
                                                     trainable=False, name="elastic_parts"))
-            # A join request the leader saw (its own), and the members' sum of it,
-            # all-reduced in every step (`tfdist_ext.keras.uneven`).
-            self.join_flag = _compat.ResourceVariable(0.0, trainable=False,
-                                                      name="elastic_join")
-            self.join_agreed = _compat.ResourceVariable(0.0, trainable=False,
-                                                        name="elastic_join_agreed")
         self._lock = threading.Lock()  # the watcher's aborts against a membership change
+        self._reported_dead = set()  # workers the dead-peer watcher found dead
         self._on_promotion = []
-        self._handled = set()  # join requests admitted
-        self._requests_lock = threading.Lock()
         self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
         self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
         self.state_stale = False  # the members changed outside a step function
@@ -135,8 +124,10 @@ class Recovery:
         self._join_order = list(self.members)  # whose stores a replacement asks
         self._stores = self._exchange_stores()
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
-        threading.Thread(target=self._watch_requests, name="tfdist-elastic-joins",
-                         daemon=True).start()
+        self._requests = admission.Requests(
+            self._store, self._prefix, lambda: self.members,
+            lambda: not self.joining and self.members[0] == self.me)
+        self.join_flag, self.join_agreed = self._requests.flag, self._requests.agreed
 
     def _exchange_stores(self):
         """Every worker's store address: through TF's coordination service at the
@@ -168,31 +159,9 @@ class Recovery:
         return {"stores": {str(w): a for w, a in self._stores.items()},
                 "members": list(self.members), "generation": self.generation}
 
-    def _pending(self):
-        return joining.pending(self._store.items(f"{self._prefix}/join/"), self.members,
-                               self._handled)
-
-    def _watch_requests(self):
-        """The members' leader: raises `join_flag` when a live replacement asks to join."""
-        seen = 0
-        while True:
-            seen = len(self._store.items(f"{self._prefix}/join/", seen, REQUEST_POLL_SECONDS))
-            if self.joining or self.members[0] != self.me:
-                continue
-            with self._requests_lock:
-                pending = self._pending()
-            # An old request of a replacement that died since names a dead store.
-            if any(store.Client(address).answers(HEALTH_TIMEOUT_SECONDS)
-                   for _, address in pending.values()):
-                with self._requests_lock:
-                    if self._pending():
-                        self.join_flag.assign(1.0)
-
     def join_requested(self) -> bool:
         """Whether the last step's all-reduce carried a join request (every member agrees)."""
-        if len(self.members) == 1:  # no all-reduce to carry it
-            return float(self.join_flag.numpy()) > 0
-        return float(self.join_agreed.numpy()) > 0
+        return self._requests.requested()
 
     def admit(self, steps: int, test_steps: int = 0):
         """Every member, after the same step: takes in the workers that asked to join.
@@ -204,10 +173,7 @@ class Recovery:
         generation = self.next_generation()
         prefix = f"{self._prefix}/elastic/{generation}"
         if self.members[0] == self.me:
-            with self._requests_lock:
-                requests = self._pending()
-                self._handled.update(key for key, _ in requests.values())
-                self.join_flag.assign(0.0)
+            requests = self._requests.take()
             # A replacement's store is new: everyone learns its address here.
             stores = {str(w): address for w, (_, address) in requests.items()}
             decision = {"generation": generation, "stores": stores,
@@ -216,17 +182,15 @@ class Recovery:
                         "epoch": self.position[0],
                         "batch": self.position[1] + 1}
             self.kv().set(f"{prefix}/admission", json.dumps(decision))
-            for key, address in requests.values():
-                try:
-                    store.Client(address).set(joining.admitted_key(key), json.dumps(decision))
-                except OSError:
-                    pass  # it died: the state broadcast fails and the members recover
+            admission.notify(requests, decision)
         else:
             decision = json.loads(self.kv().get(f"{prefix}/admission",
                                                 2 * self.options.recover_seconds))
-        self.join_agreed.assign(0.0)
+        self._requests.settled()
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         joiners = sorted(set(decision["members"]) - set(self.members))
+        with self._lock:
+            self._reported_dead.difference_update(joiners)
         self._change(generation, tuple(decision["members"]))
         for worker in joiners:
             liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
@@ -271,7 +235,8 @@ class Recovery:
         rank = membership.position(members, self.me)
         with self._lock:
             self.generation, self.members = generation, members
-            self._strategy.reconfigure_workers(rank, len(members), generation, self.kv())
+            self._strategy.reconfigure_workers(rank, len(members), generation,
+                                               self._meeting())
         self._split[0].assign(rank)
         self._split[1].assign(len(members))
         if rank == 0 and not was_chief:
@@ -279,6 +244,18 @@ class Recovery:
                         self.me)
             for callback in list(self._on_promotion):
                 callback()
+
+    def _meeting(self):
+        """The members' store for the wire-up of new communicators; a wait there for a
+        member the watcher found dead (it never publishes its address) fails at once."""
+        def check():
+            with self._lock:
+                dead = sorted(self._reported_dead & set(self.members))
+            if dead:
+                raise tf.errors.UnavailableError(None, None, (
+                    f"tfdist_ext: worker(s) {dead} died while the members wired up "
+                    f"generation {self.generation}'s communicators."))
+        return store.Client(self._stores[self.members[0]], check)
 
     def kv(self, leader=None):
         """The meeting place of the members: the store of `leader` (default: the
@@ -309,6 +286,8 @@ class Recovery:
         is a member; communicators made later work. A worker the members already
         went on without is ignored: its death must not fail their new communicators."""
         with self._lock:
+            self._reported_dead.update(w for w in self._addresses
+                                       if liveness.task_name("worker", w) == task)
             if any(liveness.task_name("worker", m) == task for m in self.members):
                 ucx_engine.abort(reason, later=False)
 
@@ -325,24 +304,8 @@ class Recovery:
             return run()
 
     def dead_members(self) -> List[int]:
-        """Members other than this worker whose TF server and store do not answer. TF's
-        channel to a replacement can fail for a while after the old process died, and a
-        replacement not yet admitted answers at a dead member's TF address: the store
-        the members know (the old process's until an admission) decides."""
-        dead = []
-        for worker in self.members:
-            if worker == self.me:
-                continue
-            for attempt in range(HEALTH_TRIES):
-                try:
-                    _compat.check_peer_health(liveness.task_name("worker", worker),
-                                              int(HEALTH_TIMEOUT_SECONDS * 1000))
-                    break
-                except Exception:  # pylint: disable=broad-except  (a failure is a miss)
-                    if attempt + 1 == HEALTH_TRIES and not store.Client(
-                            self._stores[worker]).answers(HEALTH_TIMEOUT_SECONDS):
-                        dead.append(worker)
-        return dead
+        """Members other than this worker that do not answer (`health.dead_members`)."""
+        return health.dead_members(self.members, self.me, self._stores)
 
     def recover(self, error: Exception, steps: int) -> int:
         """Goes on without the dead workers after `error` failed a training step.
@@ -432,25 +395,6 @@ class Recovery:
                 "min_workers.")
 
     def broadcast_state(self, variables):
-        """Gives every member rank 0's values of `variables` (eager)."""
-        variables = [v for v in variables if v.shape.num_elements()]
-        engine = self._strategy.extended.cross_device_ops.collective_engine()
-        by_dtype = {}
-        for v in variables:
-            by_dtype.setdefault(_wire_dtype(v.dtype), []).append(v)
-        for dtype, group in by_dtype.items():
-            flat = tf.concat([tf.reshape(tf.cast(tf.convert_to_tensor(v.value), dtype), [-1])
-                              for v in group], 0)
-            received = engine.broadcast(flat, 0, root=0, label="tfdist/elastic/state")
-            offset = 0
-            for v in group:
-                size = v.shape.num_elements()
-                v.assign(tf.cast(tf.reshape(received[offset:offset + size], v.shape), v.dtype))
-                offset += size
-
-
-def _wire_dtype(dtype):
-    dtype = tf.as_dtype(dtype)
-    if dtype in ucx_engine.SUPPORTED_DTYPES:
-        return dtype
-    return tf.float64 if dtype.is_floating else tf.int64
+        """Gives every member rank 0's values of `variables` (eager; `state.broadcast`)."""
+        state.broadcast(self._strategy.extended.cross_device_ops.collective_engine(),
+                        variables)

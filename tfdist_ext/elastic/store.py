@@ -13,6 +13,7 @@ Keys are set once; `get` waits until the key exists or the timeout passes.
 import socket
 import socketserver
 import threading
+import time
 import xmlrpc.client
 import xmlrpc.server
 
@@ -91,10 +92,17 @@ class Client:
     """`set` / `get` on the store at `address` ("host:port"); each call its own connection.
 
     The same two methods as `tfdist_ext.coordination.KeyValue`.
+
+    Args:
+        address: The store's "host:port".
+        check: Called every `check_seconds` while `get` waits; it raises to end
+            the wait (the members give up a meeting with a worker that died).
+        check_seconds: How often `check` runs. Each check costs one more call.
     """
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, check=None, check_seconds: float = 1.0):
         self.address = address
+        self._check, self._check_seconds = check, check_seconds
 
     def _proxy(self, seconds, margin=_MARGIN_SECONDS):
         return xmlrpc.client.ServerProxy(f"http://{self.address}", allow_none=True,
@@ -107,13 +115,19 @@ class Client:
 
     def get(self, key: str, seconds=None) -> str:
         """The value of `key`, waiting up to `seconds` (None: a day); raises
-        TimeoutError if absent then."""
+        TimeoutError if absent then, or what `check` raises."""
         seconds = _DAY_SECONDS if seconds is None else seconds
-        value = self._proxy(seconds).get(key, float(seconds))
-        if value is None:
-            raise TimeoutError(f"{key!r} was not set in the store at {self.address} within "
-                               f"{seconds:g} s")
-        return value
+        deadline = time.monotonic() + seconds
+        while True:
+            left = max(deadline - time.monotonic(), 0.0)
+            wait = left if self._check is None else min(left, self._check_seconds)
+            value = self._proxy(wait).get(key, float(wait))
+            if value is not None:
+                return value
+            if wait >= left:
+                raise TimeoutError(f"{key!r} was not set in the store at {self.address} "
+                                   f"within {seconds:g} s")
+            self._check()
 
     def answers(self, seconds: float) -> bool:
         """Whether the store's process answers a call within `seconds`."""

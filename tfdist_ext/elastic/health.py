@@ -1,0 +1,41 @@
+"""Which members are dead: the check the survivors make before they agree.
+
+A member is dead when neither its TF server answers a health check
+(`HEALTH_TRIES` tries of `HEALTH_TIMEOUT_SECONDS`) nor its elastic store
+answers. TF's channel to a replacement can fail for a while after the old
+process died, and a replacement not yet admitted answers at a dead member's
+TF address: the store the members know (the old process's until an
+admission) decides.
+"""
+
+from typing import Iterable, List, Mapping
+
+from tfdist_ext import _compat, liveness
+from tfdist_ext.elastic import store
+
+HEALTH_TIMEOUT_SECONDS = 2.0
+HEALTH_TRIES = 2
+
+
+def dead_members(members: Iterable[int], me: int, stores: Mapping[int, str]) -> List[int]:
+    """The workers of `members` other than `me` that do not answer.
+
+    Args:
+        members: TF_CONFIG indices of the members.
+        me: This worker's index (not checked).
+        stores: Each member's store address ("host:port").
+    """
+    dead = []
+    for worker in members:
+        if worker == me:
+            continue
+        for attempt in range(HEALTH_TRIES):
+            try:
+                _compat.check_peer_health(liveness.task_name("worker", worker),
+                                          int(HEALTH_TIMEOUT_SECONDS * 1000))
+                break
+            except Exception:  # pylint: disable=broad-except  (a failure is a miss)
+                if attempt + 1 == HEALTH_TRIES and not store.Client(
+                        stores[worker]).answers(HEALTH_TIMEOUT_SECONDS):
+                    dead.append(worker)
+    return dead
