@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.launch.launcher import free_ports
+from tfdist_ext.launch import free_ports
 from tfdist_ext.ops import ucx as ucx_ops
 from tfdist_ext.ps import wire
 from tfdist_ext.ps.server import ParameterServer
