@@ -56,7 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.ps import sharding, wire
+from tfdist_ext.ps import optimizer_layout, sharding, wire
 from tfdist_ext.registry import boolean
 from tfdist_ext.sync import momentum
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
@@ -207,7 +207,7 @@ class _AsyncRunner(PolicyRunner):
         sizes = [v.shape.num_elements() for v in variables]
         self.shards = sharding.shard(sizes, len(self.servers))
         server_optimizer = self._server_optimizer(model.optimizer)
-        self.slots = _optimizer_layout(model, self.shards, server_optimizer)
+        self.slots = optimizer_layout.layout(model, self.shards, server_optimizer)
         devices = self.cross_ops.devices
         with _compat.init_scope():
             self.clients = [_Client(self.servers, self.first_rank + i, self.session,
@@ -372,38 +372,3 @@ class _AsyncRunner(PolicyRunner):
                 "staleness_mean": float((counts * np.arange(len(counts))).sum()) / steps,
                 "staleness_max": last,
                 "staleness_histogram": counts[:last + 1].tolist()}
-
-
-def _optimizer_layout(model, shards, config):
-    """Per server: (this worker's optimizer variable, owner) in the server's optimizer order.
-
-    A server builds the optimizer of Keras config `config` (the model's, maybe
-    with compensated momentum) over its variables; an optimizer built the same
-    way over the same model variables here lists its variables in that order,
-    with the paths of the worker's own optimizer variables (a compensated
-    momentum of 0 has no momentum slots: the worker's stay as they are).
-    Variables every server has (iterations, learning rate) are owned by the
-    first server that lists them.
-    """
-    import keras  # pylint: disable=import-outside-toplevel
-
-    optimizer = model.optimizer
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    by_path = {v.path: v for v in optimizer.variables}
-    layout, owned = [], set()
-    with _compat.init_scope():
-        for members in shards:
-            twin = keras.optimizers.deserialize(config)
-            twin.build([model.trainable_variables[j] for j in members])
-            entries = []
-            for v in twin.variables:
-                if v.path not in by_path:
-                    raise ValueError(
-                        f"sync='async' cannot map the optimizer variable {v.path} of "
-                        f"{type(optimizer).__name__} to the model's optimizer; its state "
-                        "could not be checkpointed. Use a Keras built-in optimizer.")
-                entries.append((by_path[v.path], v.path not in owned))
-                owned.add(v.path)
-            layout.append(entries)
-    return layout
