@@ -53,11 +53,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import step_torch  # noqa: E402  (bench/, on the path above)
+import step_report  # noqa: E402  (bench/, on the path above)
+import step_torch  # noqa: E402
 
 SYSTEMS = ("keras", "keras_xla", "tfdist", "tfdist_xla", "torch_ddp", "keras_jax")
 EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2")
-ONE_PROCESS = ("keras", "keras_xla")
+ONE_PROCESS = step_report.ONE_PROCESS
 MODELS = ("mlp", "cnn")
 
 
@@ -310,49 +311,6 @@ def available(system):
     return None
 
 
-def summarize(rows):
-    """Adds each row's ratio to the other systems at the same model and workers."""
-    by_key = {(r["system"], r["model"], r["workers"]): r for r in rows}
-    for row in rows:
-        for other in ("keras", "keras_xla", "torch_ddp", "keras_jax"):
-            base = by_key.get((other, row["model"], row["workers"]))
-            if base is None and other in ONE_PROCESS:
-                base = by_key.get((other, row["model"], 1))
-            if base is not None and base is not row:
-                row[f"x_{other}"] = row["ms_median"] / base["ms_median"]
-        for other in ("keras", "torch_ddp"):
-            paired = by_key.get((f"{other}_with_{row['system']}", row["model"],
-                                 row["workers"]))
-            if paired is not None:  # timed in the same processes, alternately
-                row[f"x_{other}_same_process"] = float(np.median(
-                    [a / b for a, b in zip(row["ms"], paired["ms"])]))
-    return rows
-
-
-def plot(rows, path, title):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        mine = [r for r in rows if r["model"] == model and "_with_" not in r["system"]]
-        for system in dict.fromkeys(r["system"] for r in mine):
-            points = sorted((r["workers"], r["ms_median"]) for r in mine
-                            if r["system"] == system)
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", label=system)
-        ax.set_xlabel("workers (processes on this host)")
-        ax.set_ylabel("ms per step (median)")
-        ax.set_title(model)
-        ax.set_xticks(sorted({r["workers"] for r in mine}))
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -383,7 +341,7 @@ def main(argv=None):
         rows.append({"system": system, "model": model, "workers": workers, "ms": ms,
                      "ms_min": ordered[0], "ms_median": median,
                      "samples_per_s": workers * args.batch / median * 1e3})
-    rows = summarize(rows)
+    rows = step_report.summarize(rows)
     cores = os.cpu_count()
     print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, {args.rounds} "
           f"rounds x {args.repeats} repeats of {args.steps} steps (median / min ms per step)")
@@ -402,7 +360,7 @@ def main(argv=None):
              "cpu_cores": cores, "skipped": skipped, "failures": failures, "rows": rows},
             indent=1))
     if args.png:
-        plot(rows, args.png, f"{args.batch} samples/worker/step, {cores} cores")
+        step_report.plot(rows, args.png, f"{args.batch} samples/worker/step, {cores} cores")
     return 0
 
 
