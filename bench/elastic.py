@@ -20,7 +20,8 @@ exponentially distributed intervals of that mean it SIGKILLs a random worker
 that is in the job (worker 0 included), and starts it again with its
 TF_CONFIG after `tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
 replacement rejoins. Stops killing after `--failures`. Reported per failure as well: the
-seconds from the kill to the job's return to full size.
+seconds from the kill to the job's return to full size; a kill no member recorded a
+failure for (one before the workers' fit began) is listed in `kills_without_failure`.
 
 The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
 overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
@@ -262,11 +263,12 @@ def summarize_random(args, whole, broken, kills, codes):
                             key=lambda f: f["generation"])
     joins = sorted((j for (kind, _), j in changes.items() if kind == "join"),
                    key=lambda j: j["generation"])
-    failures, used = [], set()
+    failures, used, unmatched = [], set(), []
     for victim, when in kills:
         failure = next((f for f in chief_failures if victim in f["dead"]
                         and f["generation"] not in used and f["time"] >= when - 1), None)
-        if failure is None:
+        if failure is None:  # e.g. killed before the fit began: nothing to recover
+            unmatched.append({"worker": victim, "time": when})
             continue
         used.add(failure["generation"])
         join = next((j for j in joins if victim in j["joined"] and j["time"] > when), None)
@@ -288,6 +290,7 @@ def summarize_random(args, whole, broken, kills, codes):
                                                  for w, r in sorted(broken.items())}},
         "accuracy_points_vs_uninterrupted": 100 * (chief["accuracy"] - reference["accuracy"]),
         "failures": failures,
+        "kills_without_failure": unmatched,
         "mean_seconds_to_go_on": sum(f["seconds_to_go_on"] for f in failures)
         / max(len(failures), 1),
         "mean_seconds_to_full_size": sum(full) / len(full) if full else None,
@@ -370,6 +373,9 @@ def random_killer(args, whole, root):
               f"{f['seconds_to_go_on']:.2f} s later, full size after "
               f"{f['seconds_to_full_size'] or float('nan'):.1f} s; steps lost "
               f"{f['steps_lost']['0']}", flush=True)
+    for k in result["kills_without_failure"]:
+        print(f"worker {k['worker']} killed at {time.ctime(k['time'])}: no member recorded a "
+              "failure (a kill before the fit began needs no recovery)", flush=True)
     print(f"{len(result['failures'])} failures: mean {result['mean_seconds_to_go_on']:.2f} s to "
           f"go on, {result['mean_seconds_to_full_size'] or float('nan'):.1f} s to full size, "
           f"{result['mean_steps_lost']:.1f} steps lost; accuracy "

@@ -349,6 +349,7 @@ def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     (failure,) = report["failures"]
+    assert report["kills_without_failure"] == []
     (victim,) = failure["dead"]
     assert failure["members"] == [1 - victim]
     assert 0 < failure["seconds_to_go_on"] < 10
