@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tfdist_ext.elastic import MembershipError, admission, beacon, joining, membership, store
+from tfdist_ext.elastic import (MembershipError, admission, beacon, health, joining,
+                                membership, store)
 from tfdist_ext.launch import free_ports
 
 
@@ -147,7 +148,7 @@ def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
     client = store.Client(own.address)
     client.set(joining.request_key("p", 2, "1"), dead_address)  # died since it asked
     leads.set()
-    time.sleep(3 * admission.POLL_SECONDS + admission.ANSWER_SECONDS)
+    time.sleep(3 * admission.POLL_SECONDS + health.HEALTH_TIMEOUT_SECONDS)
     assert float(requests.flag.numpy()) == 0.0
     assert not requests.requested()
     client.set(joining.request_key("p", 2, "2"), replacement.address)  # its replacement

@@ -18,10 +18,9 @@ from typing import Callable, Dict, Mapping, Tuple
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.elastic import joining, store
+from tfdist_ext.elastic import health, joining, store
 
 POLL_SECONDS = 0.5  # the leader looks again this often (at once for a new request)
-ANSWER_SECONDS = 2.0  # a replacement's store that does not answer within this is dead
 
 
 class Requests:
@@ -85,7 +84,7 @@ class Requests:
             with self._lock:
                 pending = self._pending(items)
             # An old request of a replacement that died since names a dead store.
-            if any(store.Client(address).answers(ANSWER_SECONDS)
+            if any(store.Client(address).answers(health.HEALTH_TIMEOUT_SECONDS)
                    for _, address in pending.values()):
                 with self._lock:  # not admitted while this looked
                     if self._pending(items):

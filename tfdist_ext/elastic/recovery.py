@@ -285,10 +285,10 @@ class Recovery:
         """Fails the collectives in flight if `task` (a TF task name, from the watcher)
         is a member; communicators made later work. A worker the members already
         went on without is ignored: its death must not fail their new communicators."""
+        dead = {w for w in self._addresses if liveness.task_name("worker", w) == task}
         with self._lock:
-            self._reported_dead.update(w for w in self._addresses
-                                       if liveness.task_name("worker", w) == task)
-            if any(liveness.task_name("worker", m) == task for m in self.members):
+            self._reported_dead |= dead
+            if dead & set(self.members):
                 ucx_engine.abort(reason, later=False)
 
     def between_steps(self, run):

@@ -19,7 +19,6 @@ import weakref
 import keras
 import tensorflow as tf
 
-
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
 
