@@ -2,8 +2,9 @@
 
 Copies (offline data, smaller models) of keras-io's text classifier, its
 custom train_step examples and TF's multi-worker tutorial, plus the ways
-scripts shuffle before `fit` and a script whose workers end after the chief;
-see tests/workers/user_scripts/. The four run
+scripts shuffle before `fit`, Keras' stopping and learning-rate callbacks with
+a PyDataset, and a script whose workers end after the chief; see
+tests/workers/user_scripts/. They run
 one after another in one launch per worker count (tests/workers/run_scripts.py),
 the text classifier first: it adapts a layer before any strategy exists.
 """
@@ -20,7 +21,8 @@ from conftest import ROOT, launch, read_worker_json
 SCRIPTS = ROOT / "tests" / "workers" / "user_scripts"
 DRIVER = ROOT / "tests" / "workers" / "run_scripts.py"
 # late_finish last: its non-chief workers end 4 s after the chief.
-ORDER = ["text_classifier", "unseeded_shuffle", "custom_steps", "tutorial", "late_finish"]
+ORDER = ["text_classifier", "unseeded_shuffle", "custom_steps", "tutorial",
+         "callbacks_and_schedules", "late_finish"]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
@@ -98,6 +100,23 @@ def test_unseeded_shuffles_are_reported_and_keras_shuffles_agree(job):
         assert result["seeded_dataset"] == [] and result["keras_shuffle"] == []
         # One TF global seed on every worker: Keras' own shuffle of arrays agrees.
         assert result["global_seed"] == workers[0]["global_seed"]
+
+
+@pytest.mark.multiworker
+def test_stopping_and_learning_rate_callbacks_act_alike_on_every_worker(job):
+    """A worker stopping at another epoch, or with another rate, would hang or fork the job."""
+    workers = results(job, "callbacks_and_schedules")
+    for result in workers[1:]:
+        assert result == workers[0]  # epochs, rates, losses and weights alike
+    first = workers[0]
+    stopped = first["first_epochs"]
+    assert 2 <= stopped < 30, first  # EarlyStopping ended the first fit
+    assert len(first["val_loss"]) == stopped // 2  # validation_freq=2
+    assert 0.025 in np.float32(first["rates"][:stopped]), first  # ReduceLROnPlateau halved it
+    assert first["second_epochs"] == [stopped, stopped + 1]  # initial_epoch, PyDataset input
+    np.testing.assert_allclose(first["rates"][stopped:],
+                               [0.01 / (1 + e) for e in first["second_epochs"]], rtol=1e-6)
+    assert np.all(np.isfinite(first["second_loss"] + first["train_on_batch"]))
 
 
 @pytest.mark.multiworker

@@ -193,6 +193,20 @@ def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path):
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_a_death_in_the_last_step_of_the_fit_is_survived(tmp_path):
+    # 4 epochs of 27 steps: the chief dies before step 107, the fit's last.
+    codes, texts, results = _run_job(tmp_path, "last", kill_worker=0, kill_step=107)
+    assert codes[0] == -9 and codes[1:] == [0, 0], [t[-3000:] for t in texts]
+    second, third = results[1], results[2]
+    assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
+    assert [f["dead"] for f in second["failures"]] == [[0]]
+    assert len(second["loss"]) == 4, second["loss"]
+    assert (tmp_path / "last" / "ckpt-4.weights.h5").exists()  # the new chief's
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_death_during_validation_is_survived(tmp_path):
     codes, texts, results = _run_job(tmp_path, "validation", kill_worker=2, kill_step=5,
                                      extra=(4, "mlp", "test"))
