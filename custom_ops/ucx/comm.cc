@@ -172,7 +172,7 @@ void Comm::Loop() {
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
       if (job.host_sum)
-        error = host_enabled_ ? host_group_->AllReduce(job)
+        error = host_enabled_ ? host_group_->AllReduce(job, &result)
                               : "a shared-memory all-reduce on a communicator outside a host group";
       else if (!job.in_process)
         error = Run(job, next_seq_++);
@@ -192,7 +192,8 @@ void Comm::Loop() {
 std::string Comm::CreateHostGroup(std::string* problem) {
   std::lock_guard<std::mutex> lock(mu_);
   if (host_group_ == nullptr)
-    host_group_ = HostGroup::Create(rank_, world_size_, options_.segment_bytes, options_.spin_us,
+    host_group_ = HostGroup::Create(rank_, world_size_, options_.segment_bytes,
+                                    options_.shared_output_bytes, options_.spin_us,
                                     options_.timeout_seconds, problem);
   return host_group_ == nullptr ? "" : host_group_->identity();
 }
@@ -206,6 +207,11 @@ std::string Comm::JoinHost(const std::vector<std::string>& identities) {
 void Comm::UseHost(bool enable) {
   std::lock_guard<std::mutex> lock(mu_);
   host_enabled_ = enable && host_group_ != nullptr;
+}
+
+int64_t Comm::SharedResultBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_enabled_ ? host_group_->SharedResultBytes() : 0;
 }
 
 void Comm::JoinLocal(std::shared_ptr<LocalGroup> group, int index) {

@@ -75,6 +75,10 @@ struct Job {
   bool in_process = false;  // an all-reduce over the `LocalGroup`; `plan` unused
   bool host_sum = false;    // an all-reduce over the `HostGroup`; `plan` unused
   std::shared_ptr<void> keep_alive;  // owns `data` until the job is retired
+  // Makes a result (a keep_alive-like object) that reads `data` elsewhere: a
+  // shared-memory sum's block, which `owner` keeps until the result is freed.
+  // Unset: the job must write `data`.
+  std::function<std::shared_ptr<void>(char* data, std::shared_ptr<void> owner)> alias;
   // Called when the job is retired: `error` is empty on success, and
   // `result` is the `keep_alive` of the job whose `data` holds the result
   // (this job's own, or local rank 0's for an in-process all-reduce).
@@ -88,6 +92,7 @@ class Written;     // written.h
 struct CommOptions {
   double timeout_seconds = 30.0;  // <= 0: wait forever
   int64_t segment_bytes = 1 << 20;
+  int64_t shared_output_bytes = 256 << 20;  // the host group's output arena; 0: none
   int spin_us = 200;
 };
 
@@ -116,6 +121,8 @@ class Comm {
   std::string JoinHost(const std::vector<std::string>& identities);
   // Whether `host_sum` jobs may run (every rank joined; before any such job).
   void UseHost(bool enable);
+  // Bytes of shared-memory sums' results some rank of the host group holds.
+  int64_t SharedResultBytes();
   // Member index in the local group, or -1 when not in one.
   int local_index() const { return local_index_; }
   int rank() const { return rank_; }

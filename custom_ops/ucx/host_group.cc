@@ -28,6 +28,7 @@ using Clock = std::chrono::steady_clock;
 enum Counter { kStaged = 0, kSummed = 1, kDone = 2, kNumCounters = 3 };
 const char* const kStepNames[] = {"staging", "summing", "copying results"};
 constexpr size_t kControlBytes = 4096;
+constexpr size_t kCountsBytes = (sizeof(OutputArena::Counts) + 4095) / 4096 * 4096;
 constexpr int64_t kBlockBytes = 64 << 10;  // summed, then copied to the result slot, in cache
 
 std::string ReadFirstLine(const std::string& path) {
@@ -80,30 +81,36 @@ struct HostGroup::Control {
     int64_t elements;
     int32_t dtype;
     uint32_t chunk;
+    int64_t output;  // rank 0: the job's shared block's offset, or -1
+    int32_t block;   // rank 0: its index in the arena
   };
   Word counters[kNumCounters];
   Meta slots[2];
 };
 
-HostGroup::HostGroup(int rank, int world_size, int64_t chunk_bytes, int spin_us,
-                     double timeout_seconds)
+HostGroup::HostGroup(int rank, int world_size, int64_t chunk_bytes, int64_t output_bytes,
+                     int spin_us, double timeout_seconds)
     : rank_(rank),
       world_size_(world_size),
-      chunk_bytes_(std::max<int64_t>(chunk_bytes, 4096)),
+      chunk_bytes_((std::max<int64_t>(chunk_bytes, 4096) + 4095) / 4096 * 4096),
+      output_bytes_(std::max<int64_t>(output_bytes, 0) / 4096 * 4096),
       spin_us_(spin_us),
       timeout_seconds_(timeout_seconds),
       areas_(world_size, nullptr),
       pids_(world_size, 0) {}
 
 std::unique_ptr<HostGroup> HostGroup::Create(int rank, int world_size, int64_t chunk_bytes,
-                                             int spin_us, double timeout_seconds,
-                                             std::string* error) {
+                                             int64_t output_bytes, int spin_us,
+                                             double timeout_seconds, std::string* error) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
   std::unique_ptr<HostGroup> group(
-      new HostGroup(rank, world_size, chunk_bytes, spin_us, timeout_seconds));
-  // Two slots, each a staging and a result area of one chunk.
+      new HostGroup(rank, world_size, chunk_bytes, output_bytes, spin_us, timeout_seconds));
+  // Two slots, each a staging and a result area of one chunk; then the output
+  // arena (untouched pages of a memfd cost no memory).
   group->area_bytes_ = kControlBytes + 4 * static_cast<size_t>(group->chunk_bytes_);
+  if (group->output_bytes_ > 0)
+    group->area_bytes_ += kCountsBytes + static_cast<size_t>(group->output_bytes_);
   group->fd_ = static_cast<int>(syscall(SYS_memfd_create, "tfdist-ucx-host", MFD_CLOEXEC));
   if (group->fd_ < 0) {
     *error = std::string("memfd_create: ") + std::strerror(errno);
@@ -120,7 +127,13 @@ std::unique_ptr<HostGroup> HostGroup::Create(int rank, int world_size, int64_t c
     return nullptr;
   }
   group->areas_[rank] = static_cast<char*>(area);
+  group->mappings_.assign(world_size, nullptr);
+  const size_t bytes = group->area_bytes_;
+  group->mappings_[rank] = std::shared_ptr<char>(static_cast<char*>(area),
+                                                 [bytes](char* at) { munmap(at, bytes); });
   new (area) Control();  // zero counters
+  if (rank == 0 && group->output_bytes_ > 0)
+    group->arena_.reset(new OutputArena(group->counts(), group->output_bytes_));
   group->pids_[rank] = getpid();
   std::ostringstream out;
   out << MachineIdentity() << " " << getpid() << " " << group->fd_ << " " << group->area_bytes_;
@@ -129,8 +142,6 @@ std::unique_ptr<HostGroup> HostGroup::Create(int rank, int world_size, int64_t c
 }
 
 HostGroup::~HostGroup() {
-  for (char* area : areas_)
-    if (area != nullptr) munmap(area, area_bytes_);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -152,7 +163,7 @@ std::string HostGroup::Join(const std::vector<std::string>& identities) {
     if (bytes != area_bytes_)
       return "rank " + std::to_string(peer) + " has a " + std::to_string(bytes) +
              "-byte shared area, this rank " + std::to_string(area_bytes_) +
-             " (the ranks disagree on segment_bytes)";
+             " (the ranks disagree on segment_bytes or shared_output_bytes)";
     const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
     int peer_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (peer_fd < 0)
@@ -164,6 +175,9 @@ std::string HostGroup::Join(const std::vector<std::string>& identities) {
       return "mapping rank " + std::to_string(peer) + "'s shared memory: " +
              std::strerror(errno);
     areas_[peer] = static_cast<char*>(area);
+    const size_t area_bytes = area_bytes_;
+    mappings_[peer] = std::shared_ptr<char>(static_cast<char*>(area),
+                                            [area_bytes](char* at) { munmap(at, area_bytes); });
     pids_[peer] = static_cast<pid_t>(pid);
   }
   return "";
@@ -175,6 +189,31 @@ HostGroup::Control* HostGroup::control(int rank) const {
 
 char* HostGroup::slot(int rank, int index) const {
   return areas_[rank] + kControlBytes + static_cast<size_t>(index) * 2 * chunk_bytes_;
+}
+
+OutputArena::Counts* HostGroup::counts() const {
+  return reinterpret_cast<OutputArena::Counts*>(slot(0, 2));
+}
+
+char* HostGroup::outputs() const { return slot(0, 2) + kCountsBytes; }
+
+int64_t HostGroup::SharedResultBytes() const {
+  return output_bytes_ > 0 && areas_[0] != nullptr ? OutputArena::Held(counts()) : 0;
+}
+
+std::shared_ptr<void> HostGroup::Hold(int block, char* data, int64_t bytes) const {
+  struct Held {
+    Held(std::shared_ptr<char> mapping, OutputArena::Counts* counts, int block, char* data,
+         int64_t bytes)
+        : mapping(std::move(mapping)), counts(counts), block(block), data(data), bytes(bytes) {}
+    ~Held() { OutputArena::Release(counts, block, data, bytes); }
+    std::shared_ptr<char> mapping;  // rank 0's area stays mapped while a result lives
+    OutputArena::Counts* counts;
+    int block;
+    char* data;
+    int64_t bytes;
+  };
+  return std::make_shared<Held>(mappings_[0], counts(), block, data, bytes);
 }
 
 void HostGroup::Publish(int counter, uint32_t value) {
@@ -251,17 +290,23 @@ std::string HostGroup::CheckJob(uint32_t chunk, const Job& job) {
   return "";
 }
 
-std::string HostGroup::AllReduce(const Job& job) {
+std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) {
   if (!broken_.empty()) return broken_;
   const int64_t size = static_cast<int64_t>(job.itemsize);
   const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / size);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / size);
   const char* input = job.input != nullptr ? job.input : job.data;
-  char* output = job.data;
+  char* output = job.data;  // or, once rank 0 has placed one, the shared block
   auto fail = [&](std::string error) {
     broken_ = std::move(error);
+    if (output_bytes_ > 0 && areas_[0] != nullptr)
+      OutputArena::Retire(counts(), outputs(), output_bytes_);
     return broken_;
   };
+  int64_t offset = -1;
+  int shared = -1;  // the shared block's index
+  if (arena_ != nullptr && job.alias && job.num_elements > 0)
+    shared = arena_->Allocate(job.num_elements * size, world_size_, &offset);
   for (int64_t first = 0; first < job.num_elements; first += per_chunk) {
     const int64_t count = std::min(per_chunk, job.num_elements - first);
     auto part = [&](int rank) { return first + count * rank / world_size_; };
@@ -276,6 +321,8 @@ std::string HostGroup::AllReduce(const Job& job) {
     meta.elements = job.num_elements;
     meta.dtype = static_cast<int32_t>(job.dtype);
     meta.chunk = chunk;
+    meta.output = offset;
+    meta.block = shared;
     char* staging = slot(rank_, index);
     std::memcpy(staging, input + first * size, (lo - first) * size);
     std::memcpy(staging + (hi - first) * size, input + hi * size, (first + count - hi) * size);
@@ -283,8 +330,14 @@ std::string HostGroup::AllReduce(const Job& job) {
     if (!(error = WaitForPeers(kStaged, chunk + 1, kStepNames[kStaged])).empty() ||
         !(error = CheckJob(chunk, job)).empty())
       return fail(error);
+    if (first == 0 && rank_ != 0 && control(0)->slots[index].output >= 0) {
+      if (!job.alias) return fail("a shared-memory all-reduce without a shared result");
+      shared = control(0)->slots[index].block;
+      offset = control(0)->slots[index].output;
+    }
+    if (shared >= 0) output = outputs() + offset;
 
-    char* result = slot(rank_, index) + chunk_bytes_;
+    char* summed = slot(rank_, index) + chunk_bytes_;
     for (int64_t start = lo; start < hi; start += block) {
       const int64_t n = std::min(block, hi - start);
       const int64_t at = (start - first) * size;
@@ -294,20 +347,27 @@ std::string HostGroup::AllReduce(const Job& job) {
         Reduce(job.dtype, output + start * size, addend, slot(peer, index) + at, n);
         addend = output + start * size;
       }
-      std::memcpy(result + at, output + start * size, n * size);
+      if (shared < 0) std::memcpy(summed + at, output + start * size, n * size);
     }
     Publish(kSummed, chunk + 1);
-    if (!(error = WaitForPeers(kSummed, chunk + 1, kStepNames[kSummed])).empty())
-      return fail(error);
-
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer == rank_) continue;
-      const int64_t from = part(peer), to = part(peer + 1);
-      std::memcpy(output + from * size, slot(peer, index) + chunk_bytes_ + (from - first) * size,
-                  (to - from) * size);
+    if (shared < 0) {
+      if (!(error = WaitForPeers(kSummed, chunk + 1, kStepNames[kSummed])).empty())
+        return fail(error);
+      for (int peer = 0; peer < world_size_; ++peer) {
+        if (peer == rank_) continue;
+        const int64_t from = part(peer), to = part(peer + 1);
+        std::memcpy(output + from * size,
+                    slot(peer, index) + chunk_bytes_ + (from - first) * size,
+                    (to - from) * size);
+      }
     }
     Publish(kDone, chunk + 1);
     next_chunk_ = chunk + 1;
+  }
+  if (shared >= 0) {  // every part is in the block once every rank has summed its own
+    std::string error = WaitForPeers(kSummed, next_chunk_, kStepNames[kSummed]);
+    if (!error.empty()) return fail(error);
+    *result = job.alias(output, Hold(shared, output, job.num_elements * size));
   }
   return "";
 }

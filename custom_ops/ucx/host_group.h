@@ -15,6 +15,12 @@
 // the peers still read chunk t. A rank waits for its peers on counters in
 // their areas: it polls for `spin_us`, then sleeps on a futex.
 //
+// With `output_bytes` > 0, rank 0's area also holds an `OutputArena`: where a
+// job's result fits there (and the job can take a shared result, `Job::alias`),
+// step 2 writes each part straight into that one block and step 3 is skipped;
+// every rank's result is the block, read-only to TF (output_arena.h). This
+// halves the bytes written per rank; the staged copies stay.
+//
 // Tuning: `chunk_bytes` (the communicator's segment size) trades the number of
 // hand-offs against how much of a chunk stays in cache between steps 1 and 2.
 // A peer that moves no counter for `timeout_seconds`, or whose process has
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "ucx/comm.h"
+#include "ucx/output_arena.h"
 
 namespace tfdist_ucx {
 
@@ -37,8 +44,8 @@ class HostGroup {
  public:
   // Creates this rank's shared area; `error` says why when it returns null.
   static std::unique_ptr<HostGroup> Create(int rank, int world_size, int64_t chunk_bytes,
-                                           int spin_us, double timeout_seconds,
-                                           std::string* error);
+                                           int64_t output_bytes, int spin_us,
+                                           double timeout_seconds, std::string* error);
   ~HostGroup();
   HostGroup(const HostGroup&) = delete;
   HostGroup& operator=(const HostGroup&) = delete;
@@ -51,21 +58,30 @@ class HostGroup {
   std::string Join(const std::vector<std::string>& identities);
 
   // This rank's part of the next `host_sum` all-reduce: sums `job`'s input
-  // over all ranks into `job.data`. Every rank calls it for the same jobs in
-  // the same order. Returns "" or the error.
-  std::string AllReduce(const Job& job);
+  // over all ranks into `job.data`, or into a shared block that `*result`
+  // then holds (`job.alias`'s). Every rank calls it for the same jobs in the
+  // same order. Returns "" or the error.
+  std::string AllReduce(const Job& job, std::shared_ptr<void>* result);
+
+  // Bytes of shared results that some rank holds (0 without an arena).
+  int64_t SharedResultBytes() const;
 
  private:
   struct Control;
-  HostGroup(int rank, int world_size, int64_t chunk_bytes, int spin_us, double timeout_seconds);
+  HostGroup(int rank, int world_size, int64_t chunk_bytes, int64_t output_bytes, int spin_us,
+            double timeout_seconds);
   Control* control(int rank) const;
   char* slot(int rank, int index) const;  // staging area of slot `index`; results follow
+  OutputArena::Counts* counts() const;    // rank 0's block counts
+  char* outputs() const;                  // rank 0's output blocks
+  // Releases `block` (at `data`, `bytes` long) when destroyed.
+  std::shared_ptr<void> Hold(int block, char* data, int64_t bytes) const;
   void Publish(int counter, uint32_t value);
   std::string WaitForPeers(int counter, uint32_t value, const char* step);
   std::string CheckJob(uint32_t chunk, const Job& job);
 
   const int rank_, world_size_;
-  const int64_t chunk_bytes_;
+  const int64_t chunk_bytes_, output_bytes_;
   const int spin_us_;
   const double timeout_seconds_;
   const uint64_t born_ = AbortCount();  // aborts made later fail this group
@@ -73,6 +89,8 @@ class HostGroup {
   int fd_ = -1;
   size_t area_bytes_ = 0;
   std::vector<char*> areas_;  // index = rank; this rank's own area too
+  std::vector<std::shared_ptr<char>> mappings_;  // areas_, unmapped when nothing holds them
+  std::unique_ptr<OutputArena> arena_;           // rank 0 only
   std::vector<pid_t> pids_;
   uint32_t next_chunk_ = 0;
 };

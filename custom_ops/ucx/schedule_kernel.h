@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "ucx/comm.h"
 
@@ -49,6 +50,26 @@ inline std::shared_ptr<Comm> GetComm(OpKernelContext* ctx, int64_t handle) {
 struct Held {
   Tensor input;  // unset when the job ran in place
   std::shared_ptr<Tensor> output;  // unset for an in-process member other than rank 0
+};
+
+// A result in memory the job does not own (a shared-memory sum's block, which
+// every rank's result reads). Not owning it, TF never forwards it to an op
+// that would write it in place.
+class SharedBuffer : public tensorflow::TensorBuffer {
+ public:
+  SharedBuffer(char* data, size_t bytes, std::shared_ptr<void> owner)
+      : TensorBuffer(data), bytes_(bytes), owner_(std::move(owner)) {}
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocator_name("tfdist_ucx_shared_memory");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  const size_t bytes_;
+  const std::shared_ptr<void> owner_;
 };
 
 // Shared by Run and Start: validated attributes and job creation.
@@ -122,6 +143,15 @@ class ScheduleKernel {
     job->num_elements = input.NumElements();
     job->name = label_;
     job->keep_alive = held;
+    job->alias = [dtype = input.dtype(), shape = input.shape()](
+                     char* data, std::shared_ptr<void> owner) -> std::shared_ptr<void> {
+      auto result = std::make_shared<Held>();
+      auto* buffer = new SharedBuffer(data, tensorflow::DataTypeSize(dtype) * shape.num_elements(),
+                                      std::move(owner));
+      result->output = std::make_shared<Tensor>(dtype, shape, buffer);
+      buffer->Unref();  // the tensor holds its own reference
+      return result;
+    };
     return absl::OkStatus();
   }
 

@@ -27,6 +27,7 @@ REGISTER_OP("TfdistUcxCreate")
     .Attr("timeout_seconds: float")
     .Attr("segment_bytes: int")
     .Attr("spin_us: int")
+    .Attr("shared_output_bytes: int = 268435456")
     .Output("handle: int64")
     .Output("address: string")
     .SetIsStateful()
@@ -106,6 +107,13 @@ REGISTER_OP("TfdistUcxUseHost")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Allows (or refuses) `host_sum` all-reduces once every rank joined.");
 
+REGISTER_OP("TfdistUcxSharedResultBytes")
+    .Input("handle: int64")
+    .Output("bytes: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Bytes of shared-memory sums' results that some rank of the host group holds.");
+
 REGISTER_OP("TfdistUcxAbort")
     .Input("reason: string")
     .Attr("later: bool = true")
@@ -121,7 +129,7 @@ that exist now (an elastic job goes on with new ones).
 class CreateOp : public OpKernel {
  public:
   explicit CreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    int64_t segment_bytes, spin_us;
+    int64_t segment_bytes, spin_us, shared_output_bytes;
     float timeout_seconds;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &rank_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
@@ -131,6 +139,8 @@ class CreateOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("spin_us", &spin_us));
     options_.segment_bytes = segment_bytes;
     options_.spin_us = static_cast<int>(spin_us);
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_output_bytes", &shared_output_bytes));
+    options_.shared_output_bytes = shared_output_bytes;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -225,6 +235,18 @@ class UseHostOp : public OpKernel {
   }
 };
 
+class SharedResultBytesOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    auto comm = GetComm(ctx, ctx->input(0).scalar<int64_t>()());
+    if (comm == nullptr) return;
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = comm->SharedResultBytes();
+  }
+};
+
 class AbortOp : public OpKernel {
  public:
   explicit AbortOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -282,6 +304,8 @@ REGISTER_KERNEL_BUILDER(Name("TfdistUcxHostIdentity").Device(tensorflow::DEVICE_
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxJoinHost").Device(tensorflow::DEVICE_CPU), JoinHostOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxUseHost").Device(tensorflow::DEVICE_CPU), UseHostOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxAbort").Device(tensorflow::DEVICE_CPU), AbortOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxSharedResultBytes").Device(tensorflow::DEVICE_CPU),
+                        SharedResultBytesOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxDestroy").Device(tensorflow::DEVICE_CPU), DestroyOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxRun").Device(tensorflow::DEVICE_CPU), RunOp);
 

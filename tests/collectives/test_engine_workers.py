@@ -4,7 +4,8 @@ One launch per world size checks every algorithm x dtype x size x SUM/MEAN
 against numpy (tests/workers/engine_checks.py); the 2-worker launch also runs
 Keras `fit` with each algorithm and "auto" and compares the weights with
 "native", and checks that "auto"'s refinement gives every worker the chief's
-timings and choices.
+timings and choices. A last launch checks the shared-memory results' room
+(tests/workers/shared_results.py).
 """
 
 import numpy as np
@@ -76,3 +77,17 @@ def test_fit_with_every_algorithm_ends_where_native_ends_and_auto_refines_alike(
         assert r["refine"]["problems"] == [], r["refine"]
         assert [d["source"] for d in r["refine"]["decisions"]] == ["timed", "timed"]
     assert agreed(results[0]["refine"]["decisions"]) == agreed(results[1]["refine"]["decisions"])
+
+
+def test_shared_memory_results_fall_back_when_full_and_survive_an_in_place_consumer(tmp_path):
+    code, out, _ = launch(2, [ROOT / "tests" / "workers" / "shared_results.py", tmp_path],
+                          timeout=240)
+    assert code == 0, out[-3000:]
+    mb = 1 << 20
+    for r in read_worker_json(tmp_path, 2):
+        assert r["on_host"] and r["wrong"] == [], r
+        # Room for two 2 MB results: the third goes to private tensors, a freed
+        # block's room takes the fourth, and nothing stays held once all are freed.
+        assert r["held"] == {"two_results": 4 * mb, "a_third_that_does_not_fit": 4 * mb,
+                             "first_freed": 2 * mb, "a_fourth_in_its_room": 4 * mb,
+                             "all_freed": 0}, r

@@ -49,6 +49,13 @@ Tuning:
       processes of one machine run the schedules over UCX instead of the
       shared-memory sum. `segment_bytes` is also its chunk size (each rank
       maps 4 chunks per peer).
+    * `shared_output_bytes` (256 MB): room for shared-memory sums' results in
+      rank 0's shared area. A result that fits is summed once, straight into
+      memory every rank reads (each rank's result tensor is that block, never
+      written in place by TF); one that does not (results kept for long, or
+      more in flight than this) is copied into each rank's own tensor, which
+      costs each rank one more write of the whole buffer. Pages are used only
+      when written; 0 turns it off.
     * TCP segment sizes default to 256 KB / 1 MB unless UCX_TCP_TX_SEG_SIZE /
       UCX_TCP_RX_SEG_SIZE are set; UCX_TLS and UCX_NET_DEVICES choose transports
       and interfaces as usual.
@@ -127,6 +134,8 @@ class UcxEngine:
         timeout_seconds: Seconds without progress before a collective fails.
         segment_bytes: Largest message; bigger steps are pipelined.
         spin_us: Polling before a waiting rank sleeps.
+        shared_output_bytes: Room for results shared by the ranks of one
+            machine (0: every rank copies the sum into its own tensor).
         in_process: Sum all-reduces in process when every rank is local.
         shared_memory: Sum all-reduces through shared memory when every rank
             is a one-replica process of this machine.
@@ -141,7 +150,7 @@ class UcxEngine:
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
                  segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True,
-                 kv=None):
+                 kv=None, shared_output_bytes=256 << 20):
         self._ops = ucx_ops.load()
         self._kv = kv or coordination.KeyValue()
         self.name = name
@@ -160,7 +169,8 @@ class UcxEngine:
                 handle, address = self._ops.tfdist_ucx_create(
                     rank=first_rank + i, world_size=world_size,
                     timeout_seconds=float(timeout_seconds or 0.0),
-                    segment_bytes=int(segment_bytes), spin_us=int(spin_us))
+                    segment_bytes=int(segment_bytes), spin_us=int(spin_us),
+                    shared_output_bytes=int(shared_output_bytes))
                 self._handles.append(int(handle))
                 addresses.append(address.numpy())
             everyone = self._exchange(addresses)
@@ -171,6 +181,15 @@ class UcxEngine:
                                                 timeout_seconds=float(timeout_seconds or 0.0))
             self.on_host = (world_size > 1 and not self.in_process
                             and self._join_host(shared_memory))
+
+    def shared_result_bytes(self):
+        """Bytes of this machine's shared-memory results that some rank still holds.
+
+        Results that fit in `shared_output_bytes` live there until every rank's
+        tensor is freed; 0 when the ranks do not sum through shared memory.
+        """
+        with tf.device("/cpu:0"):
+            return int(self._ops.tfdist_ucx_shared_result_bytes(self._handles[0]))
 
     def _join_host(self, wanted):
         """Whether every rank mapped every peer's shared memory (then it is used)."""

@@ -1,0 +1,84 @@
+"""Worker program for tests/collectives/test_engine_workers.py: shared-memory results.
+
+    tfdist-run -np 2 python shared_results.py OUT_DIR
+
+A UCX engine with room for two 2 MB results in shared memory
+(`shared_output_bytes`): results that fit are held there (the bytes some rank
+holds are recorded after each step), a third falls back to each rank's own
+tensor, freed room is used again, and an op that consumes a shared result
+inside a tf.function on worker 1 does not change worker 0's. Every result is
+checked against numpy. Writes OUT_DIR/w<index>.json.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext.collectives import ucx_engine
+
+N = 1 << 19  # float32 elements: 2 MB
+
+
+def main(out_dir):
+    strategy = tfdist_ext.Strategy(engine="ucx")
+    rank, world = strategy.cluster.task_index, strategy.num_replicas_in_sync
+    engine = ucx_engine.UcxEngine("shared-results", ["/cpu:0"], world, rank,
+                                  shared_output_bytes=2 * N * 4)
+
+    def inputs(seed):
+        return np.random.default_rng(seed * world + rank).normal(size=N).astype("float32")
+
+    def expected(seed):
+        return sum(np.random.default_rng(seed * world + r).normal(size=N).astype("float32")
+                   for r in range(world))
+
+    def all_reduce(seed):
+        return engine.all_reduce(tf.constant(inputs(seed)), 0, "ring")
+
+    def barrier():
+        engine.all_reduce(tf.ones([4]), 0, "ring").numpy()
+
+    record = {"on_host": engine.on_host, "held": {}, "wrong": []}
+
+    def check(name, result, seed, factor=1.0):
+        if not np.allclose(result.numpy(), factor * expected(seed), rtol=1e-5, atol=1e-5):
+            record["wrong"].append(name)
+
+    def held(step):
+        barrier()  # every rank has let go of what it freed
+        record["held"][step] = engine.shared_result_bytes()
+
+    first, second = all_reduce(1), all_reduce(2)
+    held("two_results")
+    third = all_reduce(3)
+    held("a_third_that_does_not_fit")
+    for name, result, seed in (("first", first, 1), ("second", second, 2), ("third", third, 3)):
+        check(name, result, seed)
+    del first
+    held("first_freed")
+    fourth = all_reduce(4)
+    held("a_fourth_in_its_room")
+    check("fourth", fourth, 4)
+    check("second_again", second, 2)
+    del second, third, fourth
+    held("all_freed")
+
+    x = tf.constant(inputs(5))
+    if rank == 1:
+        doubled = tf.function(lambda v: engine.all_reduce(v, 0, "ring") * 2.0)(x)
+        check("doubled", doubled, 5, factor=2.0)
+    else:
+        result = engine.all_reduce(x, 0, "ring")
+    barrier()  # worker 1 has doubled its result by now
+    if rank != 1:
+        check("beside_a_consumer", result, 5)
+    with open(os.path.join(out_dir, f"w{rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
