@@ -28,8 +28,11 @@ When every rank is a process of this machine (one replica each, same boot,
 PID and network namespace: emulated hosts of the test bed do not count), an
 all-reduce of at least `HOST_SUM_MIN_BYTES` (1 MB) likewise skips UCX
 whatever the algorithm: the ranks stage chunks
-of their buffers in shared memory that every peer maps, each rank sums its
-part of every chunk and copies the others' (`custom_ops/ucx/host_group.h`).
+of their buffers in shared memory that every peer maps, and each rank sums its
+part of every chunk into one block of rank 0's shared area that becomes every
+rank's result (read-only to TF; see `shared_output_bytes`), or, when the block
+does not fit, into its own tensor, copying the others' parts
+(`custom_ops/ucx/host_group.h`).
 Every rank must manage to map every peer's memory, or none uses it (the
 reason is logged once). A peer whose process exits is noticed within
 milliseconds there, not after `timeout_seconds`.
