@@ -51,6 +51,12 @@ std::string MachineIdentity() {
          Namespace("net");
 }
 
+// A shared mapping of `bytes`, unmapped when the last holder lets go.
+std::shared_ptr<char> Mapped(void* area, size_t bytes) {
+  return std::shared_ptr<char>(static_cast<char*>(area),
+                               [bytes](char* at) { munmap(at, bytes); });
+}
+
 bool Exited(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
   std::string stat = ReadFirstLine("/proc/" + std::to_string(pid) + "/stat");
@@ -126,11 +132,7 @@ std::unique_ptr<HostGroup> HostGroup::Create(int rank, int world_size, int64_t c
     *error = std::string("mmap of the shared area: ") + std::strerror(errno);
     return nullptr;
   }
-  group->areas_[rank] = static_cast<char*>(area);
-  group->mappings_.assign(world_size, nullptr);
-  const size_t bytes = group->area_bytes_;
-  group->mappings_[rank] = std::shared_ptr<char>(static_cast<char*>(area),
-                                                 [bytes](char* at) { munmap(at, bytes); });
+  group->areas_[rank] = Mapped(area, group->area_bytes_);
   new (area) Control();  // zero counters
   if (rank == 0 && group->output_bytes_ > 0)
     group->arena_.reset(new OutputArena(group->counts(), group->output_bytes_));
@@ -174,21 +176,18 @@ std::string HostGroup::Join(const std::vector<std::string>& identities) {
     if (area == MAP_FAILED)
       return "mapping rank " + std::to_string(peer) + "'s shared memory: " +
              std::strerror(errno);
-    areas_[peer] = static_cast<char*>(area);
-    const size_t area_bytes = area_bytes_;
-    mappings_[peer] = std::shared_ptr<char>(static_cast<char*>(area),
-                                            [area_bytes](char* at) { munmap(at, area_bytes); });
+    areas_[peer] = Mapped(area, area_bytes_);
     pids_[peer] = static_cast<pid_t>(pid);
   }
   return "";
 }
 
 HostGroup::Control* HostGroup::control(int rank) const {
-  return reinterpret_cast<Control*>(areas_[rank]);
+  return reinterpret_cast<Control*>(areas_[rank].get());
 }
 
 char* HostGroup::slot(int rank, int index) const {
-  return areas_[rank] + kControlBytes + static_cast<size_t>(index) * 2 * chunk_bytes_;
+  return areas_[rank].get() + kControlBytes + static_cast<size_t>(index) * 2 * chunk_bytes_;
 }
 
 OutputArena::Counts* HostGroup::counts() const {
@@ -213,7 +212,7 @@ std::shared_ptr<void> HostGroup::Hold(int block, char* data, int64_t bytes) cons
     char* data;
     int64_t bytes;
   };
-  return std::make_shared<Held>(mappings_[0], counts(), block, data, bytes);
+  return std::make_shared<Held>(areas_[0], counts(), block, data, bytes);
 }
 
 void HostGroup::Publish(int counter, uint32_t value) {

@@ -88,8 +88,9 @@ class HostGroup {
   std::string identity_, broken_;
   int fd_ = -1;
   size_t area_bytes_ = 0;
-  std::vector<char*> areas_;  // index = rank; this rank's own area too
-  std::vector<std::shared_ptr<char>> mappings_;  // areas_, unmapped when nothing holds them
+  // Index = rank, this rank's own area too; unmapped when nothing holds them
+  // (a shared result keeps rank 0's).
+  std::vector<std::shared_ptr<char>> areas_;
   std::unique_ptr<OutputArena> arena_;           // rank 0 only
   std::vector<pid_t> pids_;
   uint32_t next_chunk_ = 0;
