@@ -173,35 +173,24 @@ def test_the_environment_turns_it_on_for_an_unchanged_script():
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
-def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path):
-    codes, texts, results = _run_job(tmp_path, "chief", kill_worker=0, kill_step=10)
-    assert codes[0] == -9 and codes[1:] == [0, 0], [t[-3000:] for t in texts]
-    second, third = results[1], results[2]
-    assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
-    assert [f["dead"] for f in second["failures"]] == [[0]]
-    killed = float((tmp_path / "chief" / "killed.txt").read_text())
-    assert second["failures"][0]["time"] - killed < 10
-    assert "worker 1 is now the chief" in texts[1], texts[1][-3000:]
-    # Plain processes without TFDIST_ELASTIC=1: told that a replacement could not rejoin.
-    assert "a worker started again cannot rejoin" in texts[1]
-    # Worker 0 died in epoch 1 (27 steps each) before its first checkpoint: worker 1
-    # wrote every one.
-    assert sorted(p.name for p in (tmp_path / "chief").glob("ckpt-*")) == [
-        f"ckpt-{e}.weights.h5" for e in range(1, 5)]
-
-
-@NO_UCX
-@pytest.mark.multiworker
-@pytest.mark.alone
-def test_a_death_in_the_last_step_of_the_fit_is_survived(tmp_path):
-    # 4 epochs of 27 steps: the chief dies before step 107, the fit's last.
-    codes, texts, results = _run_job(tmp_path, "last", kill_worker=0, kill_step=107)
+@pytest.mark.parametrize("kill_step", [10, 107], ids=["epoch1", "last_step"])
+def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path, kill_step):
+    # 4 epochs of 27 steps: step 10 is in epoch 1, before the first checkpoint; step
+    # 107 is the fit's last.
+    codes, texts, results = _run_job(tmp_path, "chief", kill_worker=0, kill_step=kill_step)
     assert codes[0] == -9 and codes[1:] == [0, 0], [t[-3000:] for t in texts]
     second, third = results[1], results[2]
     assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
     assert [f["dead"] for f in second["failures"]] == [[0]]
     assert len(second["loss"]) == 4, second["loss"]
-    assert (tmp_path / "last" / "ckpt-4.weights.h5").exists()  # the new chief's
+    killed = float((tmp_path / "chief" / "killed.txt").read_text())
+    assert second["failures"][0]["time"] - killed < 10
+    assert "worker 1 is now the chief" in texts[1], texts[1][-3000:]
+    # Plain processes without TFDIST_ELASTIC=1: told that a replacement could not rejoin.
+    assert "a worker started again cannot rejoin" in texts[1]
+    # Worker 1 wrote every checkpoint after worker 0's death (at step 10: all of them).
+    assert sorted(p.name for p in (tmp_path / "chief").glob("ckpt-*")) == [
+        f"ckpt-{e}.weights.h5" for e in range(1, 5)]
 
 
 @NO_UCX
