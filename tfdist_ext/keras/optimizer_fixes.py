@@ -10,10 +10,13 @@ the global gradient, as in single-process training:
   gradient instead of each replica's share of it.
 * `gradient_accumulation_steps=k` (keras-team/keras#20582: its `cond` around
   the all-reduce fails under tf.distribute with "merge_call called while
-  defining a new graph"): the gradients are all-reduced every step, the
-  reduced gradients accumulated, and every k-th step their mean is applied.
-  The condition is evaluated in cross-replica context, where `cond` may
-  contain collectives.
+  defining a new graph"): as in Keras, each replica accumulates its own
+  gradients for k - 1 steps with no communication, and the k-th step
+  all-reduces their mean once and applies it. The condition is evaluated in
+  cross-replica context, where `cond` may contain collectives. The
+  accumulators are per replica: a checkpoint written between two updates
+  keeps the chief's partial sum only (end epochs on a multiple of k to
+  checkpoint none).
 * `LossScaleOptimizer` (mixed precision) decides "finite or skip the step"
   from the first local replica's unreduced gradients, so replicas and
   workers could disagree: one skips (no all-reduce) while another reduces, or
@@ -33,9 +36,10 @@ import tensorflow as tf
 from tfdist_ext import _compat
 
 
-def _synchronous_tfdist(strategy) -> bool:
+def _synchronous_tfdist(strategy, min_replicas=2) -> bool:
     return (hasattr(strategy, "sync_runner") and hasattr(strategy, "config")
-            and strategy.sync_runner is None and strategy.num_replicas_in_sync > 1)
+            and strategy.sync_runner is None
+            and strategy.num_replicas_in_sync >= min_replicas)
 
 
 def _needs_global_apply(optimizer) -> bool:
@@ -49,8 +53,11 @@ def wrap_apply(original):
     @functools.wraps(original)
     def backend_apply_gradients(self, grads, trainable_variables):
         strategy = self._distribution_strategy  # pylint: disable=protected-access
-        if (not _synchronous_tfdist(strategy) or not _needs_global_apply(self)
-                or tf.distribute.get_replica_context() is None):
+        # One replica needs this path for accumulation only: Keras' `cond` around
+        # its merge_call fails under any tf.distribute strategy.
+        if (not _needs_global_apply(self) or tf.distribute.get_replica_context() is None
+                or not (_synchronous_tfdist(strategy, 1 if self.gradient_accumulation_steps
+                                            else 2))):
             return original(self, grads, trainable_variables)
         _apply_globally(self, strategy, grads, trainable_variables)
         if self.use_ema:
@@ -65,45 +72,81 @@ def _tf_variable(variable):
     return getattr(variable, "value", variable)
 
 
+def _per_replica(distribution, value):
+    """`value` as one component per local replica.
+
+    `merge_call` hands over a value every replica passed as the same object
+    as that object, not as per-replica values; summing it over the replicas
+    must still count it once per replica, as `ReplicaContext.all_reduce` does.
+    """
+    if _compat.is_distributed_value(value):
+        return value
+    return _compat.PerReplica((value,) * len(distribution.extended.worker_devices))
+
+
+def _decay_weights(optimizer, distribution, variables):
+    """Keras' decoupled weight decay (`TFOptimizer._apply_weight_decay`), called
+    in cross-replica context, where Keras' own version finds no replica context."""
+    if optimizer.weight_decay is None:
+        return
+
+    def decay(variable):
+        if optimizer._use_weight_decay(variable):  # pylint: disable=protected-access
+            lr = tf.cast(optimizer.learning_rate, variable.dtype)
+            wd = tf.cast(optimizer.weight_decay, variable.dtype)
+            variable.assign_sub(variable * wd * lr)
+
+    for variable in variables:
+        distribution.extended.update(_tf_variable(variable), decay, group=False)
+
+
 def _apply_globally(optimizer, strategy, grads, variables):
-    """All-reduce, then clip / accumulate / apply in cross-replica context."""
+    """All-reduce, then clip / apply in cross-replica context.
+
+    With `gradient_accumulation_steps=k`, as in Keras: each replica adds its
+    own gradient to its accumulators for k - 1 steps without communicating;
+    the k-th step all-reduces (gradient + accumulated) / k once and applies it.
+    """
     tf_variables = [_tf_variable(v) for v in variables]
     steps = optimizer.gradient_accumulation_steps
-    accumulators = ([optimizer._accumulated_gradients[  # pylint: disable=protected-access
-        optimizer._get_variable_index(v)] for v in variables]  # pylint: disable=protected-access
+    accumulators = ([_tf_variable(optimizer._accumulated_gradients[  # pylint: disable=protected-access
+        optimizer._get_variable_index(v)]) for v in variables]  # pylint: disable=protected-access
                     if steps else [])
 
-    def merge_fn(distribution, *per_replica):
+    def reduce_and_apply(distribution, per_replica):
         reduced = distribution.extended.batch_reduce_to(
             _compat.ReduceOp.SUM, list(zip(per_replica, tf_variables)))
         local = [distribution.experimental_local_results(r) for r in reduced]
+        per_replica_grads = list(zip(*local))  # [replica][variable]
+        clipped = [optimizer._clip_gradients(list(g))  # pylint: disable=protected-access
+                   for g in per_replica_grads]
+        _decay_weights(optimizer, distribution, variables)
+        grads = [_compat.PerReplica(tuple(c[k] for c in clipped))
+                 for k in range(len(tf_variables))]
+        _compat.distributed_update_step(optimizer)(
+            distribution, list(zip(grads, tf_variables)), optimizer.learning_rate)
 
-        def apply(per_variable):
-            per_replica_grads = list(zip(*per_variable))  # [replica][variable]
-            clipped = [optimizer._clip_gradients(list(g))  # pylint: disable=protected-access
-                       for g in per_replica_grads]
-            optimizer._apply_weight_decay(variables)  # pylint: disable=protected-access
-            grads = [_compat.PerReplica(tuple(c[k] for c in clipped))
-                     for k in range(len(tf_variables))]
-            _compat.distributed_update_step(optimizer)(
-                distribution, list(zip(grads, tf_variables)), optimizer.learning_rate)
-
+    def merge_fn(distribution, *per_replica):
+        per_replica = [_per_replica(distribution, g) for g in per_replica]
         if not steps:
-            apply(local)
+            reduce_and_apply(distribution, per_replica)
             return
 
         def update():
-            acc = [distribution.experimental_local_results(_tf_variable(a))
-                   for a in accumulators]
-            apply([[(g + a) / steps for g, a in zip(gs, accs)]
-                   for gs, accs in zip(local, acc)])
-            for a in accumulators:
-                _tf_variable(a).assign(tf.zeros_like(a))
+            means = []
+            for grad, acc in zip(per_replica, accumulators):
+                pairs = zip(distribution.experimental_local_results(grad),
+                            distribution.experimental_local_results(acc))
+                means.append(_compat.PerReplica(tuple((g + a) / steps for g, a in pairs)))
+            reduce_and_apply(distribution, means)
+            for acc in accumulators:
+                distribution.extended.update(acc, lambda var: var.assign(tf.zeros_like(var)),
+                                             group=False)
 
         def accumulate():
-            for a, r in zip(accumulators, reduced):
-                distribution.extended.update(_tf_variable(a), lambda var, g: var.assign_add(g),
-                                             args=(r,), group=False)
+            for acc, grad in zip(accumulators, per_replica):
+                distribution.extended.update(acc, lambda var, g: var.assign_add(g),
+                                             args=(grad,), group=False)
 
         is_update = tf.equal((optimizer._iterations + 1) % steps, 0)  # pylint: disable=protected-access
         tf.cond(is_update, update, accumulate)
