@@ -96,6 +96,11 @@ def undistributed_dataset(distributed):
     return getattr(distributed, "_original_dataset", None)
 
 
+def dataset_graph(dataset) -> bytes:
+    """The serialized GraphDef of a `tf.data.Dataset` (op names can be searched)."""
+    return dataset._as_serialized_graph().numpy()  # pylint: disable=protected-access
+
+
 def strategy_init(strategy, extended):
     """Runs `tf.distribute.Strategy.__init__` (skipping MWMS's own __init__)."""
     distribute_lib.Strategy.__init__(strategy, extended)

@@ -64,6 +64,8 @@ def prepare() -> bool:
                                                 spec.task_index, coordination=not joining):
         return False
     share_cores(spec)
+    from tfdist_ext.keras import loader_seeds  # pylint: disable=import-outside-toplevel
+    loader_seeds.install(spec.worker_addresses)
     atexit.register(_finish_together, spec)
     _watch = startup.Watch(startup.DEFAULT_SECONDS, spec)
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",

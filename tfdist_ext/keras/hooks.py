@@ -35,8 +35,8 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdist_ext.keras import (data_order, elastic_steps, moved_momentum, preemption, saving,
-                              uneven, worker_callbacks, xla)
+from tfdist_ext.keras import (data_order, elastic_steps, local_input, moved_momentum,
+                              preemption, saving, uneven, worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -179,6 +179,10 @@ def wrap_fit(original):
             try:
                 with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
+            except tf.errors.FailedPreconditionError as err:
+                if local_input.is_short_dataset(err):
+                    raise local_input.short_dataset_error(err, "fit") from err
+                raise
             finally:
                 strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 
@@ -219,11 +223,17 @@ def wrap_inference(original):
     @functools.wraps(original)
     def run(self, *args, **kwargs):
         strategy = self.distribute_strategy
-        if uneven.is_tfdist_strategy(strategy):
-            args = list(args)
-            _replace_argument(args, kwargs, 0, "x",
-                              lambda data: uneven.common_length(data, strategy))
-        return original(self, *args, **kwargs)
+        if not uneven.is_tfdist_strategy(strategy):
+            return original(self, *args, **kwargs)
+        args = list(args)
+        _replace_argument(args, kwargs, 0, "x",
+                          lambda data: uneven.common_length(data, strategy))
+        try:
+            return original(self, *args, **kwargs)
+        except tf.errors.FailedPreconditionError as err:
+            if local_input.is_short_dataset(err):
+                raise local_input.short_dataset_error(err, original.__name__) from err
+            raise
 
     return run
 

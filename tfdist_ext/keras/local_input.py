@@ -76,8 +76,46 @@ def _local_dataset(distributed, strategy, user_made):
         return distributed
     elastic = getattr(strategy, "elastic", None)
     if elastic is not None:  # the parts follow the membership (`tfdist_ext.elastic`)
-        return split_batches(dataset, *elastic.data_split())
-    return split_batches(dataset, strategy.worker_index, workers)
+        return with_promised_length(split_batches(dataset, *elastic.data_split()))
+    return with_promised_length(split_batches(dataset, strategy.worker_index, workers))
+
+
+SHORT_DATASET = "tfdist_ext: this worker's dataset"
+
+
+def with_promised_length(dataset):
+    """`dataset` that fails when it ends before its cardinality said it would.
+
+    Every worker runs as many steps as the agreed cardinality; a dataset that
+    ends sooner on one worker (TF's cardinality is a promise, not a count)
+    would leave the others waiting in the step's collectives, or pair them
+    with the next call's. The error is raised on the worker whose data ended,
+    at the batch that was missing; `is_short_dataset` recognizes it.
+    """
+    count = int(dataset.cardinality())
+    if count < 0:
+        return dataset
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def is_short_dataset(error) -> bool:
+    """Whether `error` is `with_promised_length`'s (TF's assert_cardinality)."""
+    return (isinstance(error, tf.errors.FailedPreconditionError)
+            and "was expected to contain" in str(error))
+
+
+def short_dataset_error(error, call):
+    """A RuntimeError naming `call`'s dataset for `is_short_dataset`'s `error`."""
+    detail = str(error).strip().splitlines()[0]
+    return RuntimeError(
+        f"{SHORT_DATASET} in `{call}` ended before the number of batches its cardinality "
+        f"promised, which every worker runs ({detail}). The workers would otherwise "
+        "reduce metrics and gradients over different steps. A dataset that ends early "
+        "usually changes under iteration: a `cache()` filled while another iterator of "
+        "the same dataset still ran, a generator or file list that differs per pass, or "
+        "`tf.data.experimental.assert_cardinality` with a wrong count. Fix: read the "
+        "dataset in full once before fit (e.g. `for _ in ds: pass` after `cache()`), or "
+        "give steps_per_epoch / steps explicitly with `.repeat()`.")
 
 
 def split_batches(dataset, index, count):

@@ -59,6 +59,12 @@ MultiDeviceIteratorSpec._component_specs
 Names as in `tfdist_ext._compat` (`keras_loss` is `keras.src.losses.loss`,
 `keras_tf_nn` is `keras.src.backend.tensorflow.nn`).
 
+Installed at `import tfdist_ext` in a job of several workers, not here (datasets
+are built before the strategy): `keras.utils.text_dataset_from_directory`,
+`image_dataset_from_directory`, `audio_dataset_from_directory` and
+`timeseries_dataset_from_array` (public functions) get a job-wide `seed` when
+the call passes none (`loader_seeds`).
+
 Not installed here, because they are not replaced methods: the attributes of
 the file-writing callbacks of one `fit`, set and restored by
 `worker_callbacks.for_this_worker`; TF's SIGTERM handler, replaced by

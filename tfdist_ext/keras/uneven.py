@@ -261,6 +261,11 @@ def wrap_symbolic_build(original):
             return original(self, iterator=iterator, data_batch=data_batch)
         if not _has_call(self):
             return None  # as without a strategy: the traced train_step builds what it uses
+        if not _needs_a_batch(self):
+            # Nothing to build from data: no second iterator over the user's dataset
+            # (one that reads a batch and is dropped while the epoch's own iterator
+            # starts, both filling the same `cache()`).
+            return original(self)
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tf.nest.map_structure(
@@ -270,6 +275,13 @@ def wrap_symbolic_build(original):
         return original(self, data_batch=data_batch)
 
     return maybe_symbolic_build
+
+
+def _needs_a_batch(model):
+    """Whether Keras' symbolic build needs a data batch (as `Trainer._symbolic_build`)."""
+    compiled = (getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None))
+    return (not all(layer.built for layer in model._flatten_layers())  # pylint: disable=protected-access
+            or any(c is not None and not c.built for c in compiled))
 
 
 def _has_call(model):
