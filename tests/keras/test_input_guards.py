@@ -64,3 +64,18 @@ def test_a_dataset_ending_before_its_cardinality_raises_a_named_error():
     assert not local_input.is_short_dataset(tf.errors.FailedPreconditionError(None, None, "x"))
     unknown = tf.data.Dataset.range(4).filter(lambda x: x > 0)
     assert local_input.with_promised_length(unknown) is unknown
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("call", ["fit", "evaluate"])
+def test_a_worker_whose_dataset_ends_early_fails_naming_it_and_its_peer_stops(call):
+    from conftest import ROOT, launch  # pylint: disable=import-outside-toplevel
+    code, text, seconds = launch(2, [ROOT / "tests" / "workers" / "short_dataset.py", call],
+                                 timeout=120)
+    assert code != 0, text[-3000:]
+    assert "finished without an error" not in text
+    lines = [line for line in text.splitlines() if line.startswith("[1] ERROR")]
+    assert lines and "RuntimeError: tfdist_ext: this worker's dataset in " \
+        f"`{call}` ended before" in lines[0], text[-3000:]
+    assert "expected to contain 8 elements but contained only 5" in lines[0]
+    assert seconds < 90, text[-3000:]  # worker 0 did not wait out the launch

@@ -106,7 +106,9 @@ def is_short_dataset(error) -> bool:
 
 def short_dataset_error(error, call):
     """A RuntimeError naming `call`'s dataset for `is_short_dataset`'s `error`."""
-    detail = str(error).strip().splitlines()[0]
+    lines = str(error).strip().splitlines()
+    detail = next((line.strip() for line in lines if "was expected to contain" in line),
+                  lines[0] if lines else "")
     return RuntimeError(
         f"{SHORT_DATASET} in `{call}` ended before the number of batches its cardinality "
         f"promised, which every worker runs ({detail}). The workers would otherwise "
