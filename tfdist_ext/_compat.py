@@ -96,6 +96,11 @@ def undistributed_dataset(distributed):
     return getattr(distributed, "_original_dataset", None)
 
 
+def building_tf1_graph() -> bool:
+    """Whether ops go into a TF1 graph (not eager, not a `tf.function`'s graph)."""
+    return not context.executing_eagerly() and not ops.inside_function()
+
+
 def dataset_graph(dataset) -> bytes:
     """The serialized GraphDef of a `tf.data.Dataset` (op names can be searched)."""
     return dataset._as_serialized_graph().numpy()  # pylint: disable=protected-access

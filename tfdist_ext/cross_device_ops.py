@@ -252,7 +252,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                  for b in replica_buffers]
                 for r, replica_buffers in enumerate(buffers)]
 
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        if _compat.building_tf1_graph():
+            return self._tf1_graph_ops().reduce_implementation(
+                reduce_op, per_replica_value, destinations, options)
+        return super().reduce_implementation(reduce_op, per_replica_value, destinations,
+                                             options)
+
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        if _compat.building_tf1_graph():
+            return self._tf1_graph_ops().batch_reduce_implementation(
+                reduce_op, value_destination_pairs, options)
         # The optimizer's gradient all-reduce; see the module docstring.
         self._gradient_reduction = not self._dense_only
         try:
@@ -327,6 +337,18 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return self.collective_engine().all_reduce(buffer, replica_id,
                                                        self.algorithm_spec(name),
                                                        label=f"tfdist/{name}/{bucket}")
+
+    def _tf1_graph_ops(self):
+        """What reduces in a TF1 graph (a `tf.Graph` run by a session), as
+        MirroredStrategy does there on CPUs: a sum on one device, copied to the
+        destinations. The engines run eagerly or inside `tf.function` only."""
+        if len(self._devices) != self._group_size:
+            raise RuntimeError(
+                "tfdist_ext.Strategy across several workers reduces eagerly or inside "
+                "a tf.function (TF2), not in a TF1 graph (a tf.Graph().as_default() run "
+                "by a tf.compat.v1.Session). Wrap the step in tf.function instead; TF1 "
+                "graphs work with the replicas of one process only.")
+        return tf.distribute.ReductionToOneDevice()
 
     def _all_gather(self, tensor, replica_id, options):
         if self._group_size == 1:
