@@ -1,0 +1,65 @@
+"""pytest plugin: runs other people's strategy tests with `tfdist_ext.Strategy`.
+
+    UPSTREAM_STRATEGY=tfdist python -m pytest -p upstream_strategy <test files>
+
+Keras' and TensorFlow's tests make their strategy as
+`tf.distribute.MirroredStrategy(devices)`. With UPSTREAM_STRATEGY=tfdist (the
+default) that name makes `tfdist_ext.Strategy(num_replicas=len(devices))`
+instead, so the tests run unchanged against ours; with
+UPSTREAM_STRATEGY=mirrored the name is left alone (the control run).
+`isinstance(x, tf.distribute.MirroredStrategy)` stays true for TF's own class
+and, in the tfdist run, for ours. tests/upstream/run.py runs both and
+compares them.
+"""
+
+import os
+import sys
+import types
+
+import pytest
+
+
+def _keras_conftest():
+    """What Keras' test files import from Keras' repository conftest (not in the wheel)."""
+    module = types.ModuleType("conftest")
+
+    def skip_if_backend(given_backend, reason):
+        import keras  # pylint: disable=import-outside-toplevel
+        return pytest.mark.skipif(keras.backend.backend() == given_backend, reason=reason)
+
+    module.skip_if_backend = skip_if_backend
+    return module
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_trainable_backend: Keras' own marker")
+    sys.modules.setdefault("conftest", _keras_conftest())
+    os.environ.pop("TF_CONFIG", None)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist_ext  # pylint: disable=import-outside-toplevel
+
+    if os.environ.get("UPSTREAM_STRATEGY", "tfdist") != "tfdist":
+        return
+    original = tf.distribute.MirroredStrategy
+
+    class _Either(type):
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, (original, tfdist_ext.Strategy))
+
+        def __subclasscheck__(cls, subclass):
+            return issubclass(subclass, (original, tfdist_ext.Strategy))
+
+    class MirroredStrategy(metaclass=_Either):  # pylint: disable=too-few-public-methods
+        """`tfdist_ext.Strategy` with one replica per device named."""
+
+        def __new__(cls, devices=None, cross_device_ops=None):
+            del cross_device_ops  # ours are the strategy's own
+            return tfdist_ext.Strategy(num_replicas=len(devices) if devices else None)
+
+    tf.distribute.MirroredStrategy = MirroredStrategy
+
+
+@pytest.fixture(autouse=True)
+def _no_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
