@@ -43,8 +43,9 @@ def prepare() -> bool:
 
     `import tfdist_ext` calls it; call it yourself after setting TF_CONFIG in
     a process that imported `tfdist_ext` before. Does nothing without (or with
-    an invalid) TF_CONFIG, with one worker, for tasks other than
-    "worker" and "chief", or when TF already created its context.
+    an invalid) TF_CONFIG, for tasks other than "worker" and "chief", or when TF
+    already created its context. A job of one worker (`tfdist-run -np 1`) is
+    readied too, so its script may also run TensorFlow before the strategy.
 
     Returns:
         Whether the context was configured.
@@ -55,7 +56,7 @@ def prepare() -> bool:
         spec = cluster.cluster_from_env()
     except ValueError:
         return False  # `Strategy()` reports what is wrong with TF_CONFIG
-    if spec is None or spec.task_type not in ("worker", "chief") or spec.num_workers < 2:
+    if spec is None or spec.task_type not in ("worker", "chief") or not spec.num_workers:
         return False
     jobs = spec.without_servers()
     resolver = jobs.resolver()
