@@ -99,7 +99,9 @@ def wrap_make_test_function(original):
         if self.test_function is not None and not force:
             return original(self, force=force)
         strategy = self.distribute_strategy
-        _build_with_step(self, strategy, "test_step", self.test_step,
+        step = (uneven.weighted_test_step(self.test_step, strategy, self.run_eagerly)
+                if uneven.applies(strategy) else self.test_step)
+        _build_with_step(self, strategy, "test_step", step,
                          lambda: original(self, force=force))
         if getattr(strategy, "elastic", None) is not None:
             self.test_function = elastic_steps.wrap(self.test_function, self, strategy, "test")

@@ -33,6 +33,9 @@ keras_loss.unscale_loss_for_distribution      its inverse, likewise
   -> uneven.wrap_unscale
 TensorFlowTrainer._maybe_symbolic_build       builds from the first local batch: no collective
   -> uneven.wrap_symbolic_build               over local batches of unequal lengths
+keras.metrics.Mean.update_state (public)      an unweighted per-batch scalar weighted by the
+  -> uneven.wrap_mean_update                  replica's share of the batch (trackers equal
+                                              one process's with unequal local batches)
 BatchNormalization._moments                   an empty local batch keeps the moving statistics
   -> uneven.wrap_moments                      instead of NaN
 keras_tf_nn.conv, depthwise_conv,             TF 2.21's oneDNN CPU kernels mishandle empty batches
@@ -100,6 +103,7 @@ def _process_patches():
         (loss, "scale_loss_for_distribution", uneven.wrap_scale),
         (loss, "unscale_loss_for_distribution", uneven.wrap_unscale),
         (trainer, "_maybe_symbolic_build", uneven.wrap_symbolic_build),
+        (keras.metrics.Mean, "update_state", uneven.wrap_mean_update),
         (keras.layers.BatchNormalization, "_moments", uneven.wrap_moments),
         (nn, "conv", uneven.one_sample_when_empty),
         (nn, "depthwise_conv", uneven.one_sample_when_empty),

@@ -96,6 +96,37 @@ def weighted_train_step(train_step, strategy, eager=False):
     return step
 
 
+def weighted_test_step(test_step, strategy, eager=False):
+    """`test_step` with this replica's share of the samples known to its trackers.
+
+    No preemption or join flags travel with it: one scalar all-reduce per step,
+    and none when the batch dimension is static (every replica the same).
+    """
+
+    @functools.wraps(test_step)
+    def step(data):
+        with _loss_scale(_samples_share(data, strategy, eager)):
+            return test_step(data)
+
+    return step
+
+
+def _first_input(data):
+    x = keras.utils.unpack_x_y_sample_weight(data)[0]
+    return next((t for t in tf.nest.flatten(x) if t is not None), None)
+
+
+def _samples_share(data, strategy, eager):
+    """n_r / N for this replica's batch, or None when the batch dimension is static."""
+    first = _first_input(data)
+    if first is None or (not eager and tf.convert_to_tensor(first).shape.rank
+                         and tf.convert_to_tensor(first).shape[0] is not None):
+        return None
+    samples = tf.cast(tf.shape(tf.convert_to_tensor(first))[0], tf.float32)
+    total = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, samples)
+    return tf.math.divide_no_nan(samples, total)
+
+
 def _agree(data, strategy, eager=False):
     """n_r / N for this replica's batch (None when every batch has the same size).
 
@@ -170,6 +201,44 @@ def wrap_unscale(original):
         return value  # `scale_loss_for_distribution` kept the value
 
     return unscale_loss_for_distribution
+
+
+def wrap_mean_update(original):
+    """`keras.metrics.Mean.update_state`: a per-batch scalar counts once per batch.
+
+    A tracker updated with one unweighted scalar per step (a custom step's
+    `loss_tracker.update_state(loss)`, Keras' per-output loss metrics when the
+    batch dimension is not static) averages batches in one process. Each
+    replica adds its own value with weight 1, so across replicas it averaged
+    replica means, weighting a sample of a small local batch more. Under a
+    synchronous `tfdist_ext.Strategy` such an update is weighted by the
+    replica's share of the batch's samples (1 / replicas when all are equal):
+    the batch still counts once and its value is the batch mean.
+    """
+
+    @functools.wraps(original)
+    def update_state(self, values, sample_weight=None):
+        if sample_weight is None:
+            share = _replica_share()
+            if share is not None and tf.convert_to_tensor(values).shape.rank == 0:
+                sample_weight = share
+        return original(self, values, sample_weight=sample_weight)
+
+    return update_state
+
+
+def _replica_share():
+    """This replica's weight for one per-batch value, inside a synchronous
+    replica step of a `tfdist_ext.Strategy` of several replicas; else None."""
+    if tf.distribute.in_cross_replica_context():
+        return None
+    share = getattr(_step, "share", None)
+    if share is not None:
+        return share
+    strategy = tf.distribute.get_strategy()
+    if not applies(strategy):
+        return None
+    return 1.0 / strategy.num_replicas_in_sync
 
 
 def _tfdist_replicas():
