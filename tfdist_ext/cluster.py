@@ -169,9 +169,16 @@ def local_devices(num_replicas: int) -> List[str]:
     On CPU this splits the physical CPU into `num_replicas` logical devices,
     which must happen before TensorFlow initialises its runtime.
 
+    It also gives TF's inter-op pool at least `num_replicas` + 2 threads (unless
+    the program chose a size, or TF already runs): a `tf.function` that makes
+    and drops a distributed dataset's iterator over several local devices
+    (TF's `MultiDeviceIterator`) tears it down with blocking calls on that
+    pool, which deadlocked with 2 threads (MirroredStrategy too).
+
     Raises:
         RuntimeError: TensorFlow was already initialised with fewer logical CPUs.
     """
+    _enough_inter_op_threads(num_replicas)
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
         return [f"/device:GPU:{i}" for i in range(num_replicas)]
@@ -194,3 +201,13 @@ def local_devices(num_replicas: int) -> List[str]:
                     "tfdist_ext.cluster.local_devices(N) first thing in the program."
                 ) from None
     return [f"/device:CPU:{i}" for i in range(num_replicas)]
+
+
+def _enough_inter_op_threads(num_replicas: int):
+    if num_replicas < 2 or tf.config.threading.get_inter_op_parallelism_threads():
+        return
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(
+            max(os.cpu_count() or 1, num_replicas + 2))
+    except RuntimeError:
+        pass  # TF already runs: its pool stays as it is
