@@ -1,13 +1,15 @@
 """Runs Keras' and TensorFlow's own strategy tests with tfdist_ext.Strategy and with
 MirroredStrategy (the control), from the installed packages, and compares them.
 
-    python tests/upstream/run.py [--json OUT.json]
+    python tests/upstream/run.py [--all] [--json OUT.json]
 
 Each strategy gets one pytest process for all files (`-p upstream_strategy`,
 see upstream_strategy.py). The Keras tests are the files of the installed wheel
 that make a `tf.distribute` strategy; `tf_strategy_lib_test.py` calls TF's
 `strategy_test_lib` checks and `tf_mirrored_semantics_test.py` checks what
-TF's MirroredStrategy tests (not in the wheel) check. Exit status 0 when every test that passes with
+TF's MirroredStrategy tests (not in the wheel) check. Keras' backend-independent
+tests (metrics, optimizers; with --all also callbacks and saving) run a second
+time with every TestCase inside the strategy's scope. Exit status 0 when every test that passes with
 MirroredStrategy passes with tfdist_ext.Strategy or is in `SKIPPED` with a
 reason; prints (and writes with --json) pass/fail counts per file and strategy.
 """
@@ -49,6 +51,14 @@ SKIPPED = {
 }
 
 
+# Keras' backend-independent test folders, run with every TestCase inside a
+# 2-replica strategy's scope (UPSTREAM_SCOPE=1): what a user's model, metric,
+# optimizer, callback or save does under a strategy. CI runs the first two;
+# `--all` adds the slower ones (about 5 more minutes on the 2-core machine).
+SCOPED_CI = ("keras.src.metrics", "keras.src.optimizers")
+SCOPED_ALL = SCOPED_CI + ("keras.src.callbacks", "keras.src.saving")
+
+
 def test_files():
     """(path, -k expression) of every upstream test file, found in the installed packages."""
     import importlib.util  # pylint: disable=import-outside-toplevel
@@ -63,8 +73,19 @@ def test_files():
     return files
 
 
-def run(strategy, files, timeout=1200):
-    """{test id: outcome} of one pytest process with `strategy` ("tfdist" or "mirrored")."""
+def scoped_files(packages):
+    """Every `*_test.py` file of the installed Keras `packages` (folders)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    files = []
+    for package in packages:
+        folder = pathlib.Path(importlib.util.find_spec(package).origin).parent
+        files.extend((str(path), None) for path in sorted(folder.glob("*_test.py")))
+    return files
+
+
+def run(strategy, files, timeout=1200, scoped=False):
+    """{test id: outcome} of one pytest process with `strategy` ("tfdist" or "mirrored"),
+    every Keras TestCase inside its scope when `scoped`."""
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.xml"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "upstream_strategy",
@@ -75,6 +96,7 @@ def run(strategy, files, timeout=1200):
         if selections:
             command += ["-k", " and ".join(selections)]
         env = dict(os.environ, UPSTREAM_STRATEGY=strategy, KERAS_BACKEND="tensorflow",
+                   UPSTREAM_SCOPE="1" if scoped else "0",
                    PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
         env.pop("TF_CONFIG", None)
         done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -113,9 +135,16 @@ def compare(ours, control):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the counts and regressions here")
+    parser.add_argument("--all", action="store_true",
+                        help=f"run every scoped folder ({', '.join(SCOPED_ALL)}), "
+                             f"not only {', '.join(SCOPED_CI)}")
     args = parser.parse_args(argv)
     files = test_files()
+    scoped = scoped_files(SCOPED_ALL if args.all else SCOPED_CI)
     ours, control = run("tfdist", files), run("mirrored", files)
+    for results, strategy in ((ours, "tfdist"), (control, "mirrored")):
+        results.update({f"in scope: {test_id}": outcome for test_id, outcome
+                        in run(strategy, scoped, scoped=True).items()})
     counts, regressions = compare(ours, control)
     for file, c in counts.items():
         print(f"{file}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))

@@ -39,6 +39,11 @@ def pytest_configure(config):
 
     import tfdist_ext  # pylint: disable=import-outside-toplevel
 
+    if os.environ.get("UPSTREAM_SCOPE") == "1":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        _run_tests_in_a_strategy_scope(tf)
     if os.environ.get("UPSTREAM_STRATEGY", "tfdist") != "tfdist":
         return
     original = tf.distribute.MirroredStrategy
@@ -63,3 +68,33 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _no_tf_config(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+def _run_tests_in_a_strategy_scope(tf):
+    """UPSTREAM_SCOPE=1: each Keras TestCase runs inside a 2-replica strategy's scope.
+
+    For Keras' backend-independent tests (metrics, callbacks, optimizers,
+    saving), which make their models, fit and evaluate without naming a
+    strategy. The scope is entered after Keras' `setUp` (its `clear_session`
+    resets the scope stack) and left before `tearDown`; one strategy serves
+    the session.
+    """
+    from keras.src.testing import test_case  # pylint: disable=import-outside-toplevel
+    strategies = []
+    set_up, tear_down = test_case.TestCase.setUp, test_case.TestCase.tearDown
+
+    def scoped_set_up(self):
+        set_up(self)
+        if not strategies:
+            strategies.append(tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"]))
+        self._upstream_scope = strategies[0].scope()  # pylint: disable=protected-access
+        self._upstream_scope.__enter__()  # pylint: disable=protected-access
+
+    def scoped_tear_down(self):
+        scope = self.__dict__.pop("_upstream_scope", None)
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        tear_down(self)
+
+    test_case.TestCase.setUp = scoped_set_up
+    test_case.TestCase.tearDown = scoped_tear_down
