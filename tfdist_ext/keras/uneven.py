@@ -116,13 +116,23 @@ def _first_input(data):
     return next((t for t in tf.nest.flatten(x) if t is not None), None)
 
 
+def _static_batch(first, eager):
+    """Whether the batch size is known while tracing (then the same on every replica)."""
+    return first is None or (not eager and tf.convert_to_tensor(first).shape.rank
+                             and tf.convert_to_tensor(first).shape[0] is not None)
+
+
+def _samples(first):
+    return (tf.constant(0.0) if first is None
+            else tf.cast(tf.shape(tf.convert_to_tensor(first))[0], tf.float32))
+
+
 def _samples_share(data, strategy, eager):
     """n_r / N for this replica's batch, or None when the batch dimension is static."""
     first = _first_input(data)
-    if first is None or (not eager and tf.convert_to_tensor(first).shape.rank
-                         and tf.convert_to_tensor(first).shape[0] is not None):
+    if _static_batch(first, eager):
         return None
-    samples = tf.cast(tf.shape(tf.convert_to_tensor(first))[0], tf.float32)
+    samples = _samples(first)
     total = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, samples)
     return tf.math.divide_no_nan(samples, total)
 
@@ -133,18 +143,15 @@ def _agree(data, strategy, eager=False):
     With several workers the all-reduce also sums the stop requests into
     `strategy.preemption.agreed`.
     """
-    x = keras.utils.unpack_x_y_sample_weight(data)[0]
-    first = next((t for t in tf.nest.flatten(x) if t is not None), None)
-    static = first is None or (not eager and tf.convert_to_tensor(first).shape.rank
-                               and tf.convert_to_tensor(first).shape[0] is not None)
+    first = _first_input(data)
+    static = _static_batch(first, eager)
     preemption = strategy.preemption if strategy.num_workers > 1 else None
     # Elastic training (`tfdist_ext.elastic`): after a worker died, Keras' 1 / R
     # no longer matches the replicas left, so the share is always computed.
     static = static and getattr(strategy, "elastic", None) is None
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
-    samples = (tf.constant(0.0) if first is None
-               else tf.cast(tf.shape(tf.convert_to_tensor(first))[0], tf.float32))
+    samples = _samples(first)
     values = [samples]
     if preemption is not None:
         values.append(preemption.requested.read_value())
