@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/threadpool.h"
@@ -49,8 +50,11 @@ void ParallelBlocks(tensorflow::OpKernelContext* ctx, int64_t blocks, const Fn& 
     for (int64_t b = 0; b < blocks; ++b) fn(b);
     return;
   }
+  using Pool = tsl::thread::ThreadPool;
+  // One block per shard; the constructor (not TF 2.21's SchedulingParams::Fixed) builds on
+  // TF 2.19 too.
   threads->workers->ParallelFor(
-      blocks, tsl::thread::ThreadPool::SchedulingParams::Fixed(1),
+      blocks, Pool::SchedulingParams(Pool::SchedulingStrategy::kFixedBlockSize, std::nullopt, 1),
       [&fn](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) fn(b);
       });

@@ -342,7 +342,7 @@ def wrap_symbolic_build(original):
             # (one that reads a batch and is dropped while the epoch's own iterator
             # starts, both filling the same `cache()`).
             return original(self)
-        for _, _, it in iterator:
+        for *_, it in iterator:  # (step, iterator) before Keras 3.11, (begin, end, iterator) after
             batch = next(it)
             data_batch = tf.nest.map_structure(
                 lambda v: strategy.experimental_local_results(v)[0]
