@@ -28,6 +28,7 @@ from tfdist_ext import _compat, cluster, compression, coordination, early, liven
 from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.elastic import recovery
+from tfdist_ext.keras import patch_check
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
@@ -36,6 +37,7 @@ from tfdist_ext.strategy_extended import KEY_BASE, KEY_SPAN, Extended
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
+patch_check.report()  # warns once if this Keras / TF is not one tfdist_ext was tested on
 
 class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     """Data-parallel training with a choice of how gradients travel.

@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext.keras import (data_order, elastic_steps, local_input, moved_momentum,
-                              preemption, saving, uneven, worker_callbacks, xla)
+                              patch_check, preemption, saving, uneven, worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -151,6 +151,7 @@ def wrap_fit(original):
         strategy = self.distribute_strategy
         if not uneven.is_tfdist_strategy(strategy):
             return original(self, *args, **kwargs)
+        patch_check.require_for(self, strategy)
         extra = strategy.fit_callbacks()
         args = list(args)
         elastic = getattr(strategy, "elastic", None)
@@ -227,6 +228,7 @@ def wrap_inference(original):
         strategy = self.distribute_strategy
         if not uneven.is_tfdist_strategy(strategy):
             return original(self, *args, **kwargs)
+        patch_check.require_for(self, strategy)
         args = list(args)
         _replace_argument(args, kwargs, 0, "x",
                           lambda data: uneven.common_length(data, strategy))

@@ -9,10 +9,12 @@ other strategies (the iterator specs are cached for every strategy's
 iterators: the same values, computed once). The private classes and modules
 come from `tfdist_ext._compat`.
 
-Checked against Keras 3.15.1 (with TensorFlow 2.21.0); the allowed range is
-``keras>=3.15.1,<3.16``. When upgrading Keras, re-read every method in the
-table in the new version: its name, its signature and what the wrapper
-assumes it does.
+Tested on Keras 3.10.0-3.15.1 with TensorFlow 2.19-2.21 (`tests/compat/run`).
+`tfdist_ext.keras.patch_check` holds each member's expected signature and the
+feature that needs it: a member that is missing or changed on the installed
+version is not patched (`install` asks it), and its feature raises when used.
+When upgrading Keras, re-read every method in the table in the new version:
+its name, its signature and what the wrapper assumes it does.
 
 patched (Keras 3.15.1) -> wrapper             why
 --------------------------------------------  ------------------------------------------------------
@@ -82,8 +84,8 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.keras import (hooks, iterator_specs, local_input, optimizer_fixes, saving,
-                              uneven)
+from tfdist_ext.keras import (hooks, iterator_specs, local_input, optimizer_fixes,
+                              patch_check, saving, uneven)
 
 _lock = threading.Lock()
 _installed = False
@@ -127,23 +129,35 @@ def _save_patches():
             (tf.train.CheckpointManager, "save", "checkpoint"))
 
 
-def _wrap(owner, name, wrapper, *args):
-    setattr(owner, name, wrapper(getattr(owner, name), *args))
+def _wrap(report, owner, name, wrapper, *args):
+    if report.applies(owner, name):
+        setattr(owner, name, wrapper(getattr(owner, name), *args))
 
 
 def install(strategy):
     """Installs the patches (each once per process); called by `tfdist_ext.Strategy`.
+
+    Patches whose member differs on the installed Keras / TF are skipped
+    (`patch_check`); the strategy itself, a relaxed sync policy and saving
+    on several workers raise `patch_check.UnsupportedVersionError` here if
+    they lost one. The type-spec caches are an optimization: without them
+    TF computes the specs at every step.
 
     Args:
         strategy: The new strategy. The save methods are wrapped for the
             first strategy of several workers (`saving.register`).
     """
     global _installed
+    report = patch_check.report()
+    report.require(patch_check.FIT)
+    if strategy.sync_runner is not None:
+        report.require(patch_check.RELAXED)
     with _lock:
         if not _installed:
             for owner, name, wrapper in _process_patches():
-                _wrap(owner, name, wrapper)
+                _wrap(report, owner, name, wrapper)
             _installed = True
         if saving.register(strategy):
+            report.require(patch_check.SAVE)
             for owner, name, kind in _save_patches():
-                _wrap(owner, name, saving.published, kind)
+                _wrap(report, owner, name, saving.published, kind)
