@@ -117,3 +117,22 @@ def test_a_script_on_an_untested_keras_warns_and_only_the_feature_that_lost_its_
     assert "PLAIN FIT: 2" in out
     assert ("LOSS SCALE FIT: tfdist_ext cannot run mixed precision's LossScaleOptimizer on "
             "Keras 3.16.0") in out, out
+
+
+def test_a_private_module_this_keras_lacks_is_named_with_the_tested_versions():
+    script = textwrap.dedent("""
+        import sys
+        import keras
+        import keras.src.losses
+        del keras.src.losses.loss  # as if this Keras had moved the module
+        sys.modules["keras.src.losses.loss"] = None
+        try:
+            import tfdist_ext._compat
+        except ImportError as err:
+            print("IMPORT ERROR:", err)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert ("IMPORT ERROR: tfdist_ext needs keras.src.losses.loss, which TensorFlow "
+            in done.stdout), done.stdout + done.stderr[-2000:]
+    assert 'tested with TensorFlow 2.19-2.21 and Keras 3.10-3.15' in done.stdout

@@ -1,6 +1,6 @@
 """Every private TensorFlow / Keras import tfdist_ext relies on, in one place.
 
-These are internal APIs of TensorFlow 2.21 and Keras 3.15 (see
+These are internal APIs of TensorFlow 2.19-2.21 and Keras 3.10-3.15 (see
 ../shared/TF_NOTES.md); when upgrading TensorFlow, this module and the C++
 kernels are what to re-check. Nothing else in the package may import
 `tensorflow.python.*` or `keras.src.*`.
@@ -13,33 +13,42 @@ checked, in `tfdist_ext.keras.patches`, the one module that installs them.
 # pylint: disable=unused-import,g-direct-tensorflow-import
 import os
 
-from tensorflow.python.distribute import collective_all_reduce_strategy
-from tensorflow.python.distribute import collective_util
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
-from tensorflow.python.distribute import cross_device_utils
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import input_lib
-from tensorflow.python.distribute import multi_worker_util
-from tensorflow.python.distribute import reduce_util
-from tensorflow.python.distribute import values as distribute_values
-from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
-from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
-from tensorflow.python.data.ops import multi_device_iterator_ops
-from tensorflow.python.eager import context
-from tensorflow.python.framework import errors_impl
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import collective_ops
-from tensorflow.python.ops import resource_variable_ops
-from tensorflow.python.trackable import base as trackable_base
-from tensorflow.python.util import nest
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.core.protobuf import tensorflow_server_pb2
-from keras.src.backend.tensorflow import nn as keras_tf_nn
-from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
-from keras.src.losses import loss as keras_loss
-from keras.src.trainers.data_adapters import tf_dataset_adapter as keras_tf_dataset_adapter
-from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
+try:
+    from tensorflow.python.distribute import collective_all_reduce_strategy
+    from tensorflow.python.distribute import collective_util
+    from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
+    from tensorflow.python.distribute import cross_device_utils
+    from tensorflow.python.distribute import distribute_lib
+    from tensorflow.python.distribute import input_lib
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.distribute import reduce_util
+    from tensorflow.python.distribute import values as distribute_values
+    from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
+    from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import errors_impl
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import collective_ops
+    from tensorflow.python.ops import resource_variable_ops
+    from tensorflow.python.trackable import base as trackable_base
+    from tensorflow.python.util import nest
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+    from keras.src.backend.tensorflow import nn as keras_tf_nn
+    from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+    from keras.src.losses import loss as keras_loss
+    from keras.src.trainers.data_adapters import tf_dataset_adapter as keras_tf_dataset_adapter
+    from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
+except ImportError as _err:
+    import keras as _keras  # pylint: disable=ungrouped-imports
+    import tensorflow as _tf
+    raise ImportError(
+        f"tfdist_ext needs {_err.name}, which TensorFlow {_tf.__version__} with Keras "
+        f"{_keras.__version__} does not have ({_err}); tfdist_ext was tested with TensorFlow "
+        '2.19-2.21 and Keras 3.10-3.15: python -m pip install "keras>=3.10.0,<3.16" '
+        '"tensorflow-cpu>=2.19.0,<2.22"') from _err
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
