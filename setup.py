@@ -141,13 +141,13 @@ def _write_info(paths, info):
 setup(
     name="tfdist_ext",
     version="0.1.0",
-    description="Communication-efficient distributed training for Keras 3 / TensorFlow 2.21",
+    description="Communication-efficient distributed training for Keras 3 / TensorFlow 2.19-2.21",
     packages=find_packages(include=["tfdist_ext", "tfdist_ext.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # 3.11 tested; Keras >= 3.13 needs it
     # TensorFlow itself is an extra so GPU users keep `tensorflow` instead of
     # getting `tensorflow-cpu` beside it; it must be installed before building.
-    install_requires=["keras>=3.15.1,<3.16", "numpy>=2.4.6,<2.5", "tensorboard>=2.21.0,<2.22"],
-    extras_require={"cpu": ["tensorflow-cpu>=2.21.0,<2.22"], "gpu": ["tensorflow>=2.21.0,<2.22"],
+    install_requires=["keras>=3.10.0,<3.16", "numpy>=1.26.4,<2.5", "tensorboard>=2.19.0,<2.22"],
+    extras_require={"cpu": ["tensorflow-cpu>=2.19.0,<2.22"], "gpu": ["tensorflow>=2.19.0,<2.22"],
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
                     # Gloo rows of bench/engines.py, PyTorch DDP and Keras on JAX in bench/step.py;
                     # scikit-learn's datasets in bench/modes_matrix.py (not in the test set:
