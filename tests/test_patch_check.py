@@ -8,6 +8,7 @@ import textwrap
 import keras
 import pytest
 
+import tfdist_ext
 from tfdist_ext import _compat
 from tfdist_ext.keras import patch_check, patches
 
@@ -23,7 +24,8 @@ def test_every_patched_member_is_what_tfdist_ext_expects_on_the_installed_versio
 
 def test_the_check_lists_exactly_the_members_patches_installs():
     # pylint: disable=protected-access
-    listed = [*patches._process_patches(), *patches._save_patches()]
+    listed = [*patches._process_patches(), *patches._save_patches(),
+              *tfdist_ext.distribution.patched()]
     installed = {patch_check.label(owner, name) for owner, name, *_ in listed}
     assert installed == {member.label for member in patch_check.members()}
 
@@ -73,7 +75,7 @@ def test_an_untested_version_with_every_member_alike_warns_that_behaviour_is_unt
         monkeypatch):
     monkeypatch.setattr(keras, "__version__", "3.16.0")
     text = patch_check.check().warning()
-    assert "None of the 27 Keras/TF members tfdist_ext patches differs" in text
+    assert "None of the 29 Keras/TF members tfdist_ext patches differs" in text
 
 
 _SCRIPT = textwrap.dedent("""

@@ -1,4 +1,4 @@
-"""tfdist_ext: communication-efficient distributed training for Keras 3 / TF 2.21.
+"""tfdist_ext: communication-efficient distributed training for Keras 3 / TF 2.19-2.21.
 
     import tfdist_ext as tde
     with tde.Strategy(allreduce="native").scope():
@@ -21,14 +21,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
+# keras.distribution on TensorFlow through tfdist_ext, once Keras is imported.
+importlib.import_module("tfdist_ext.distribution").install_after_keras()
 # A pod of a Kubernetes Indexed Job (TFDIST_WORKERS in its manifest): TF_CONFIG from it.
 importlib.import_module("tfdist_ext.cluster_env").apply()
 if os.environ.get("TF_CONFIG"):
     # A worker of a multi-worker job: configure TF before the script's first op.
     importlib.import_module("tfdist_ext.early").prepare()
 
-_SUBMODULES = ("bucketing", "cluster", "cluster_env", "collectives", "compression", "early",
-               "elastic", "keras", "launch", "ops", "ps", "sync")
+_SUBMODULES = ("bucketing", "cluster", "cluster_env", "collectives", "compression",
+               "distribution", "early", "elastic", "keras", "launch", "ops", "ps", "sync")
 _ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy_config"}
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 

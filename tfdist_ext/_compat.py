@@ -41,6 +41,9 @@ try:
     from keras.src.losses import loss as keras_loss
     from keras.src.trainers.data_adapters import tf_dataset_adapter as keras_tf_dataset_adapter
     from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
+    from keras.src.backend.common import global_state as keras_global_state
+    from keras.src.backend.tensorflow import distribution_lib as keras_tf_distribution_lib
+    from keras.src.distribution import distribution_lib as keras_distribution_lib
 except ImportError as _err:
     import keras as _keras  # pylint: disable=ungrouped-imports
     import tensorflow as _tf

@@ -1,7 +1,7 @@
 """What each Keras / TF member tfdist_ext patches is expected to be, checked at import.
 
-`tfdist_ext.keras.patches` replaces 27 members of Keras and TensorFlow, most of
-them private. This module lists, for each, the signature it had on every
+`tfdist_ext.keras.patches` and `tfdist_ext.distribution` replace 29 members of
+Keras and TensorFlow, most of them private. This module lists, for each, the signature it had on every
 version tfdist_ext was tested on and the feature that needs it. `check` (run
 once at `import tfdist_ext`) compares the installed Keras and TensorFlow with
 that list:
@@ -40,6 +40,7 @@ EMPTY_BATCH_NORM = "BatchNormalization with an empty local batch"
 EMPTY_CONV = "convolution and pooling layers with an empty local batch"
 INPUT_SPECS = "distributed datasets' cached type specs"
 SAVE = "model.save, save_weights and CheckpointManager.save on several workers"
+KERAS_DISTRIBUTION = "keras.distribution (DataParallel) on TensorFlow"
 
 _TRAINER_FIT = ("(self, x=None, y=None, batch_size=None, epochs=1, verbose='auto', "
                 "callbacks=None, validation_split=0.0, validation_data=None, shuffle=True, "
@@ -75,7 +76,8 @@ def label(owner, name) -> str:
 
 
 def members():
-    """Every member `tfdist_ext.keras.patches` replaces, with what it expects of it."""
+    """Every member tfdist_ext replaces (`tfdist_ext.keras.patches`,
+    `tfdist_ext.distribution`), with what it expects of it."""
     trainer, optimizer = _compat.TensorFlowTrainer, _compat.TFOptimizer
     loss, nn = _compat.keras_loss, _compat.keras_tf_nn
     return (
@@ -121,6 +123,10 @@ def members():
                "(self, filepath, overwrite=True, max_shard_size=None)", SAVE),
         Member(tf.train.CheckpointManager, "save",
                "(self, checkpoint_number=None, check_interval=True, options=None)", SAVE),
+        Member(_compat.keras_global_state, "set_global_attribute", "(name, value)",
+               KERAS_DISTRIBUTION),
+        Member(_compat.keras_distribution_lib.Distribution, "distribute_dataset",
+               "(self, dataset)", KERAS_DISTRIBUTION),
     )
 
 

@@ -64,6 +64,12 @@ MultiDeviceIteratorSpec._component_specs
 Names as in `tfdist_ext._compat` (`keras_loss` is `keras.src.losses.loss`,
 `keras_tf_nn` is `keras.src.backend.tensorflow.nn`).
 
+Installed by `tfdist_ext.distribution` once Keras is imported, not here (Keras'
+distribution API on TensorFlow): `keras_global_state.set_global_attribute` (a current
+DataParallel makes a tfdist_ext.Strategy TF's default), `Distribution.distribute_dataset`
+(no per-process split under that strategy) and the functions of Keras' TensorFlow
+`distribution_lib` module (`list_devices`, `initialize`, ...).
+
 Installed at `import tfdist_ext` in a job of several workers, not here (datasets
 are built before the strategy): `keras.utils.text_dataset_from_directory`,
 `image_dataset_from_directory`, `audio_dataset_from_directory` and
