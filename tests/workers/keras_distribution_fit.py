@@ -4,12 +4,16 @@
 
 Trains an MLP and a small CNN with `keras.distribution.DataParallel` over
 every device of the job and writes the per-epoch losses, the evaluation and
-a weight checksum. Under tfdist-run each worker writes OUT_JSON with
-{worker} replaced by its index. The same file runs on Keras' JAX backend
-(bench/keras_distribution.py compares the two).
+a weight checksum; each worker writes OUT_JSON with {worker} replaced by its
+index. The same file runs on Keras' JAX backend (KERAS_BACKEND=jax,
+JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo; bench/keras_distribution.py compares
+the two): the initial weights come from numpy, not from the backend's random
+ops, and 320 samples make 10 equal global batches of 32 (Keras' own split on
+JAX needs equal batches).
 """
 
 import json
+import os
 import sys
 
 import keras
@@ -18,7 +22,7 @@ import numpy as np
 import tfdist_ext  # noqa: F401  pylint: disable=unused-import
 
 
-def data(n=300, seed=0):
+def data(n=320, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 8, 8, 1)).astype("float32")
     y = (x.reshape(n, -1)[:, :10].argmax(axis=1) % 4).astype("int32")
@@ -39,6 +43,9 @@ MODELS = {
 def train(build, dataset):
     """Builds, compiles, fits and evaluates under whatever distribution is current."""
     model = build()
+    rng = np.random.default_rng(7)
+    model.set_weights([rng.normal(scale=0.2, size=w.shape).astype("float32")
+                       for w in model.get_weights()])
     model.compile(optimizer=keras.optimizers.Adam(1e-2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -67,9 +74,13 @@ def main(out, mode="scope"):
         results[name] = {"loss": [float(v) for v in history.history["loss"]],
                          "evaluate": {k: float(v) for k, v in evaluation.items()},
                          "checksum": float(sum(np.abs(w).sum() for w in model.get_weights())),
-                         "strategy": type(model.distribute_strategy).__name__,
-                         "replicas": model.distribute_strategy.num_replicas_in_sync}
-    index = tfdist_ext.distribution.backend.process_id()  # only to name the output file
+                         "backend": keras.backend.backend()}
+        if keras.backend.backend() == "tensorflow":
+            results[name].update(strategy=type(model.distribute_strategy).__name__,
+                                 replicas=model.distribute_strategy.num_replicas_in_sync)
+    # Only to name the output file.
+    index = os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID") or json.loads(
+        os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
     with open(out.replace("{worker}", str(index)), "w", encoding="utf-8") as f:
         json.dump(results, f)
 
