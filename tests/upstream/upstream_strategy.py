@@ -39,6 +39,12 @@ def pytest_configure(config):
 
     import tfdist_ext  # pylint: disable=import-outside-toplevel
 
+    # Both strategies get the inter-op pool tfdist_ext.Strategy sizes for its local
+    # replicas (cluster.local_devices): with TF's default (the core count, 2 here) TF's
+    # MultiDeviceIterator teardown deadlocks MirroredStrategy too (every run on TF 2.19,
+    # sometimes on 2.21), and the control would hang instead of judging.
+    if not tf.config.threading.get_inter_op_parallelism_threads():
+        tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 5))
     if os.environ.get("UPSTREAM_SCOPE") == "1":
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
