@@ -147,7 +147,7 @@ setup(
     # TensorFlow itself is an extra so GPU users keep `tensorflow` instead of
     # getting `tensorflow-cpu` beside it; it must be installed before building.
     install_requires=["keras>=3.10.0,<3.16", "numpy>=2.1.3,<2.5", "tensorboard>=2.19.0,<2.22"],
-    extras_require={"cpu": ["tensorflow-cpu>=2.19.0,<2.22"], "gpu": ["tensorflow>=2.19.0,<2.22"],
+    extras_require={"cpu": ["tensorflow-cpu>=2.19.1,<2.22"], "gpu": ["tensorflow>=2.19.1,<2.22"],
                     "ucx": ["libucx-cu12>=1.22.0,<1.23"],
                     # Gloo rows of bench/engines.py, PyTorch DDP and Keras on JAX in bench/step.py;
                     # scikit-learn's datasets in bench/modes_matrix.py (not in the test set:

@@ -51,7 +51,7 @@ except ImportError as _err:
         f"tfdist_ext needs {_err.name}, which TensorFlow {_tf.__version__} with Keras "
         f"{_keras.__version__} does not have ({_err}); tfdist_ext was tested with TensorFlow "
         '2.19-2.21 and Keras 3.10-3.15: python -m pip install "keras>=3.10.0,<3.16" '
-        '"tensorflow-cpu>=2.19.0,<2.22"') from _err
+        '"tensorflow-cpu>=2.19.1,<2.22"') from _err
 
 CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduceExtended
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce

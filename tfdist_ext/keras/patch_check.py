@@ -29,8 +29,8 @@ import tensorflow as tf
 from tfdist_ext import _compat
 
 TESTED_KERAS = ("3.10.0", "3.15.1")
-TESTED_TF = ("2.19.0", "2.21.0")
-INSTALL_HINT = 'python -m pip install "keras>=3.10.0,<3.16" "tensorflow-cpu>=2.19.0,<2.22"'
+TESTED_TF = ("2.19.1", "2.21.0")
+INSTALL_HINT = 'python -m pip install "keras>=3.10.0,<3.16" "tensorflow-cpu>=2.19.1,<2.22"'
 
 FIT = "fit, evaluate and predict under tfdist_ext.Strategy"
 RELAXED = "relaxed synchronization policies (sync=...)"
