@@ -35,9 +35,9 @@ def test_missing_library_explains_and_names_the_rebuild(stamp, monkeypatch):
 
 
 def test_library_built_for_another_tensorflow_is_refused(stamp):
-    stamp.write_text(json.dumps({"tf_version": "2.20.0"}))
+    stamp.write_text(json.dumps({"tf_version": "1.15.0"}))  # not any TF tfdist_ext runs on
     with pytest.raises(_loader.OpsUnavailableError,
-                       match=rf"built for TensorFlow 2.20.0 but TensorFlow {tf.__version__} is running"):
+                       match=rf"built for TensorFlow 1.15.0 but TensorFlow {tf.__version__} is running"):
         _loader.load.__wrapped__()
 
 

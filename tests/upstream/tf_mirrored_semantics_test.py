@@ -11,6 +11,7 @@ tests/upstream/run.py with tfdist_ext.Strategy and with MirroredStrategy.
 """
 
 import contextlib
+import os
 
 import tensorflow as tf
 from absl.testing import parameterized
@@ -103,6 +104,12 @@ class TwoReplicas(_LogicalCpus, strategy_test_lib.TwoDeviceDistributionTestBase,
             getattr(self, f"_test_{name}")(_strategy(2))
 
     def test_iterating_a_distributed_dataset_inside_a_function(self):
+        if (os.environ.get("UPSTREAM_STRATEGY") == "mirrored"
+                and tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 21)):
+            # TF's MirroredStrategy deadlocks here in MultiDeviceIterator teardown on TF
+            # 2.19 and 2.20 (2.20: with 5 inter-op threads too); tfdist_ext.Strategy still
+            # runs it.
+            self.skipTest("TF < 2.21's MirroredStrategy deadlocks on this test")
         strategy = _strategy(2)
 
         @tf.function
