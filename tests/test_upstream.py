@@ -32,3 +32,24 @@ def test_upstream_strategy_tests_pass_where_mirrored_strategy_passes(tmp_path):
     ] == "passed"
     for skipped in summary["skipped"]:
         assert summary["mirrored"].get(skipped) == "passed", skipped  # still needed
+
+
+def test_a_hung_or_crashed_upstream_test_is_recorded_and_the_rest_still_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "upstream"))
+    try:
+        import run as upstream  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    tests = tmp_path / "harness_test.py"
+    tests.write_text(
+        "import os, time\n"
+        "def test_a():\n    pass\n"
+        "def test_b_hangs():\n    time.sleep(600)\n"
+        "def test_c():\n    assert False\n"
+        "def test_d_crashes():\n    os.abort()\n"
+        "def test_e():\n    pass\n")
+    outcomes = upstream.run("mirrored", [(str(tests), None)], timeout=240, stall=8)
+    assert outcomes == {
+        "harness_test.py::::test_a": "passed", "harness_test.py::::test_b_hangs": "hung",
+        "harness_test.py::::test_c": "failed", "harness_test.py::::test_d_crashes": "crashed",
+        "harness_test.py::::test_e": "passed"}

@@ -12,6 +12,9 @@ tests (metrics, optimizers; with --all also callbacks and saving) run a second
 time with every TestCase inside the strategy's scope. Exit status 0 when every test that passes with
 MirroredStrategy passes with tfdist_ext.Strategy or is in `SKIPPED` with a
 reason; prints (and writes with --json) pass/fail counts per file and strategy.
+A test that deadlocks (no progress for 4 minutes) or crashes the process counts as
+"hung" or "crashed" and the rest run on in a new process: a hang in the control
+cannot stop the comparison, and one in ours is a regression.
 """
 
 import argparse
@@ -19,10 +22,11 @@ import collections
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ElementTree
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -83,42 +87,84 @@ def scoped_files(packages):
     return files
 
 
-def run(strategy, files, timeout=1200, scoped=False):
-    """{test id: outcome} of one pytest process with `strategy` ("tfdist" or "mirrored"),
-    every Keras TestCase inside its scope when `scoped`."""
+def run(strategy, files, timeout=1200, scoped=False, stall=240):
+    """{test id: outcome} of pytest with `strategy` ("tfdist" or "mirrored"), every
+    Keras TestCase inside its scope when `scoped`.
+
+    A test that makes no progress for `stall` seconds (a deadlock in TF's
+    runtime) or kills the process is recorded as "hung" or "crashed", and
+    pytest starts again without it and the tests already done, until all have
+    run or `timeout` seconds have passed.
+    """
+    deadline = time.monotonic() + timeout
+    outcomes = {}
     with tempfile.TemporaryDirectory() as tmp:
-        report = pathlib.Path(tmp) / "report.xml"
+        log, deselect = pathlib.Path(tmp) / "log.jsonl", pathlib.Path(tmp) / "deselect"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "upstream_strategy",
-                   "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={report}",
+                   "-p", "no:cacheprovider", "-o", "addopts=",
                    "--rootdir", "/", "--confcutdir", str(HERE), *(path for path, _ in files)]
         selections = [f"({select} or not {pathlib.Path(path).stem})"
                       for path, select in files if select]
         if selections:
             command += ["-k", " and ".join(selections)]
         env = dict(os.environ, UPSTREAM_STRATEGY=strategy, KERAS_BACKEND="tensorflow",
-                   UPSTREAM_SCOPE="1" if scoped else "0",
+                   UPSTREAM_SCOPE="1" if scoped else "0", UPSTREAM_LOG=str(log),
+                   UPSTREAM_DESELECT=str(deselect),
                    PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
         env.pop("TF_CONFIG", None)
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
-        if not report.exists():
-            raise RuntimeError(f"pytest wrote no report with {strategy}:\n"
-                               f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
-        return _outcomes(report, [pathlib.Path(path).stem for path, _ in files])
+        while True:
+            log.write_text("")
+            finished, output = _pytest(command, env, log, stall, deadline)
+            started = None
+            for entry in map(json.loads, log.read_text().splitlines()):
+                if "start" in entry:
+                    started = entry["start"]
+                else:
+                    outcomes[entry["nodeid"]] = entry["outcome"]
+                    started = None
+            if finished == "exited" and started is None:
+                if not outcomes:
+                    raise RuntimeError(f"pytest ran no test with {strategy}:\n{output}")
+                break
+            if started is None:
+                raise RuntimeError(f"pytest with {strategy} {finished} outside a test:\n"
+                                   f"{output}")
+            outcomes[started] = "hung" if finished == "stalled" else "crashed"
+            print(f"{strategy}: {started} {outcomes[started]}; running the rest again",
+                  file=sys.stderr, flush=True)
+            deselect.write_text("\n".join(outcomes) + "\n")
+    return {_test_id(nodeid): outcome for nodeid, outcome in outcomes.items()}
 
 
-def _outcomes(report, stems):
-    outcomes = {}
-    for case in ElementTree.parse(report).getroot().iter("testcase"):
-        parts = case.get("classname", "").split(".")
-        stem = next((p for p in reversed(parts) if p in stems), parts[-1])
-        owner = parts[-1] if parts[-1] != stem else ""
-        test_id = f"{stem}.py::{owner}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        outcome = ("failed" if kinds & {"failure", "error"} else
-                   "skipped" if "skipped" in kinds else "passed")
-        outcomes[test_id] = outcome
-    return outcomes
+def _pytest(command, env, log, stall, deadline):
+    """Runs pytest until it exits ("exited"; a crash inside a test shows in the log)
+    or writes nothing to `log` for `stall` seconds ("stalled"); raises TimeoutError
+    when `deadline` passes."""
+    with tempfile.TemporaryFile("w+") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+        size, last = -1, time.monotonic()
+        while process.poll() is None:
+            now = time.monotonic()
+            if log.stat().st_size != size:
+                size, last = log.stat().st_size, now
+            if now > deadline or now - last > stall:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                output.seek(0)
+                if now > deadline:
+                    raise TimeoutError("the upstream tests did not finish in time:\n"
+                                       f"{output.read()[-3000:]}")
+                return "stalled", output.read()[-3000:]
+            time.sleep(1)
+        output.seek(0)
+        return "exited", output.read()[-3000:]
+
+
+def _test_id(nodeid):
+    """`file.py::Class::test` (Class empty for a function) of a pytest node id."""
+    path, *names = nodeid.split("::")
+    return f"{pathlib.Path(path).name}::{'::'.join(names[:-1])}::{names[-1]}"
 
 
 def compare(ours, control):
@@ -148,6 +194,8 @@ def main(argv=None):
     counts, regressions = compare(ours, control)
     for file, c in counts.items():
         print(f"{file}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    for test_id in sorted(t for t, o in control.items() if o in ("hung", "crashed")):
+        print(f"MirroredStrategy {control[test_id]} in {test_id}")
     for test_id in regressions:
         print(f"passes with MirroredStrategy, not with tfdist_ext.Strategy: {test_id} "
               f"({ours.get(test_id, 'not run')})")

@@ -10,9 +10,16 @@ UPSTREAM_STRATEGY=mirrored the name is left alone (the control run).
 `isinstance(x, tf.distribute.MirroredStrategy)` stays true for TF's own class
 and, in the tfdist run, for ours. tests/upstream/run.py runs both and
 compares them.
+
+With UPSTREAM_LOG=FILE each test appends a JSON line when it starts
+(`{"start": nodeid}`) and when it ends (`{"nodeid": ..., "outcome": ...,
+"seconds": ...}`), so a watcher can tell which test hangs; tests named in
+UPSTREAM_DESELECT=FILE (one node id per line) are not run.
 """
 
+import json
 import os
+import time
 import sys
 import types
 
@@ -69,6 +76,51 @@ def pytest_configure(config):
             return tfdist_ext.Strategy(num_replicas=len(devices) if devices else None)
 
     tf.distribute.MirroredStrategy = MirroredStrategy
+
+
+def pytest_collection_modifyitems(config, items):
+    path = os.environ.get("UPSTREAM_DESELECT")
+    if not path or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as lines:
+        skip = {line.strip() for line in lines if line.strip()}
+    deselected = [item for item in items if item.nodeid in skip]
+    if deselected:
+        items[:] = [item for item in items if item.nodeid not in skip]
+        config.hook.pytest_deselected(items=deselected)
+
+
+_RUNNING = {}
+
+
+def _log(entry):
+    path = os.environ.get("UPSTREAM_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(entry) + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    del location
+    _RUNNING[nodeid] = {"outcome": "passed", "start": time.monotonic()}
+    _log({"start": nodeid})
+
+
+def pytest_runtest_logreport(report):
+    state = _RUNNING.get(report.nodeid)
+    if state is None:
+        return
+    if report.failed:
+        state["outcome"] = "failed"
+    elif report.skipped and state["outcome"] == "passed":
+        state["outcome"] = "skipped"
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    del location
+    state = _RUNNING.pop(nodeid, {"outcome": "failed", "start": time.monotonic()})
+    _log({"nodeid": nodeid, "outcome": state["outcome"],
+          "seconds": round(time.monotonic() - state["start"], 3)})
 
 
 @pytest.fixture(autouse=True)
