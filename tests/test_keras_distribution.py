@@ -132,6 +132,37 @@ def test_a_current_distribution_trains_under_a_tfdist_strategy_like_one_process(
 
 
 
+# What a Kubernetes Indexed Job's pod 1 of 3 has (tfdist_ext/cluster_env/kubernetes.py)
+# and what `srun -n 3` gives task 2 (tfdist_ext/cluster_env/slurm.py).
+_SCHEDULERS = {
+    "kubernetes": ({"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "train-1", "TFDIST_WORKERS": "3",
+                    "TFDIST_SERVICE": "workers"}, 1),
+    "slurm": ({"SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n[1-3]",
+               "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0",
+               "SLURMD_NODENAME": "n3", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3"}, 2),
+}
+
+
+@pytest.mark.parametrize("scheduler", sorted(_SCHEDULERS))
+def test_initialize_takes_its_arguments_from_the_scheduler(scheduler):
+    """`initialize()` without arguments where a scheduler started the process: the job
+    TF_CONFIG derives from the scheduler's environment (a real srun: test_multiworker)."""
+    variables, index = _SCHEDULERS[scheduler]
+    env = {k: v for k, v in os.environ.items()
+           if k != "TF_CONFIG" and not k.startswith(("SLURM_", "KERAS_DISTRIBUTION_"))}
+    env.update(variables, PYTHONPATH=str(ROOT))
+    code = ("import json, keras, tfdist_ext\n"
+            "from tfdist_ext.distribution import backend\n"
+            "keras.distribution.initialize()\n"
+            "print(json.dumps([keras.distribution.list_devices(), backend.num_processes(), "
+            "backend.process_id()]))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    devices, processes, process = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (devices, processes, process) == (["cpu:0", "cpu:1", "cpu:2"], 3, index)
+
+
 @pytest.mark.multiworker
 def test_a_keras_distribution_script_at_two_workers_equals_one_process(tmp_path):
     """The same script under tfdist-run (2 workers, `with distribution.scope()`), started
@@ -167,3 +198,33 @@ def test_a_keras_distribution_script_at_two_workers_equals_one_process(tmp_path)
                                        rtol=1e-5)
             assert abs(got[model]["evaluate"]["accuracy"]
                        - want[model]["evaluate"]["accuracy"]) < 1e-6
+
+
+@pytest.mark.multiworker
+def test_auto_shard_dataset_false_takes_each_workers_dataset_as_its_own(tmp_path):
+    """Each worker gives its contiguous part of every global batch (the last one
+    uneven, 5 + 6 samples): the losses and weights of one process on the global
+    batches. A per-worker dataset TF cannot count is refused, naming the counts."""
+    env = dict({k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, PYTHONPATH=str(ROOT))
+    code, out, _ = launch(2, [SCRIPT, tmp_path / "run{worker}.json", "local"], timeout=240)
+    assert code == 0, out[-3000:]
+    assert "differ in content or order" not in out  # each worker's own data, by design
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "alone.json"), "local"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+                          env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    want = json.loads((tmp_path / "alone.json").read_text())
+    for worker in range(2):
+        got = json.loads((tmp_path / f"run{worker}.json").read_text())
+        assert got["processes"] == 2
+        for model in ("mlp", "cnn"):
+            np.testing.assert_allclose(got[model]["loss"], want[model]["loss"], rtol=1e-5)
+            np.testing.assert_allclose(got[model]["checksum"], want[model]["checksum"],
+                                       rtol=1e-5)
+            np.testing.assert_allclose(got[model]["evaluate"]["loss"],
+                                       want[model]["evaluate"]["loss"], rtol=1e-5)
+    code, out, _ = launch(2, [SCRIPT, tmp_path / "bad{worker}.json", "local-filtered"],
+                          timeout=240)
+    assert code != 0
+    assert ("DataParallel(auto_shard_dataset=False): each worker trains on its own dataset"
+            in out and "have [-2, -2] batches" in out and "assert_cardinality" in out), out[-3000:]

@@ -97,6 +97,29 @@ def test_srun_fits_like_tfdist_run_without_a_tf_config(tfdist_run_fit, slurm_con
                                    theirs["fit"]["value"]["loss"], rtol=1e-6)
 
 
+def test_srun_runs_a_keras_distribution_script(slurm_conf, tmp_path):
+    # `srun -n 2 python train.py` with Keras' distribution API: `initialize()` takes the
+    # job from Slurm's environment, and the losses equal one process's.
+    script = ROOT / "tests" / "workers" / "keras_distribution_fit.py"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYTHONPATH=str(ROOT), SLURM_CONF=slurm_conf)
+    result = subprocess.run(
+        ["srun", "-n", "2", "--kill-on-bad-exit=1", "--time=5", sys.executable, str(script),
+         str(tmp_path / "srun{worker}.json"), "global"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=280, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    alone = subprocess.run([sys.executable, str(script), str(tmp_path / "alone.json"), "scope"],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240,
+                           check=False)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    want = json.loads((tmp_path / "alone.json").read_text())
+    for worker in range(2):
+        got = json.loads((tmp_path / f"srun{worker}.json").read_text())
+        assert got["processes"] == 2 and got["devices"] == ["cpu:0", "cpu:1"]
+        for model in ("mlp", "cnn"):
+            np.testing.assert_allclose(got[model]["loss"], want[model]["loss"], rtol=1e-5)
+
+
 def _ray_processes():
     names = ("raylet", "gcs_server", "ray::", "default_worker.py")
     listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True,

@@ -1,6 +1,6 @@
 """A script written for Keras' distribution API (only `keras` names plus `import tfdist_ext`).
 
-    python keras_distribution_fit.py OUT_JSON [scope|global]
+    python keras_distribution_fit.py OUT_JSON [scope|global|local|local-filtered]
 
 Trains an MLP and a small CNN with `keras.distribution.DataParallel` over
 every device of the job and writes the per-epoch losses, the evaluation and
@@ -9,7 +9,12 @@ index. The same file runs on Keras' JAX backend (KERAS_BACKEND=jax,
 JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo; bench/keras_distribution.py compares
 the two): the initial weights come from numpy, not from the backend's random
 ops, and 320 samples make 10 equal global batches of 32 (Keras' own split on
-JAX needs equal batches).
+JAX needs equal batches). `local` makes the distribution with
+`auto_shard_dataset=False` and gives each worker its own dataset: its
+contiguous part of every global batch of 32 out of 331 samples (the last
+global batch, 11 samples, splits 5 + 6 at two workers), so its losses equal
+one process's on the global batches. `local-filtered` does the same through
+a `filter`, so TF cannot know the dataset's length (an error).
 """
 
 import json
@@ -53,20 +58,41 @@ def train(build, dataset):
     return model, history, model.evaluate(dataset, verbose=0, return_dict=True)
 
 
+def own_part(x, y, index, count, batch=32):
+    """This process's contiguous part of each global batch of `batch` samples."""
+    rows = [row for start in range(0, len(x), batch)
+            for size in [min(batch, len(x) - start)]
+            for row in range(start + size * index // count, start + size * (index + 1) // count)]
+    return x[rows], y[rows]
+
+
+def process_index():
+    return int(os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID") or json.loads(
+        os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"])
+
+
 def main(out, mode="scope"):
     keras.distribution.initialize()
     devices = keras.distribution.list_devices()
-    distribution = keras.distribution.DataParallel(devices=devices)
+    distribution = keras.distribution.DataParallel(devices=devices,
+                                                   auto_shard_dataset=not mode.startswith("local"))
     if mode == "global":
         keras.distribution.set_distribution(distribution)
-    x, y = data()
     # Keras' multi-process DataParallel takes tf.data, on JAX as on TensorFlow.
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    if mode.startswith("local"):
+        processes = distribution.num_processes
+        x, y = own_part(*data(331), process_index(), processes)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if mode == "local-filtered":
+            dataset = dataset.filter(lambda *_: True)
+        dataset = dataset.batch(32 // processes)
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices(data()).batch(32)
     results = {"devices": devices, "processes": distribution.num_processes}
     for name, build in MODELS.items():
         keras.utils.set_random_seed(1)
-        if mode == "scope":
+        if mode != "global":
             with distribution.scope():
                 model, history, evaluation = train(build, dataset)
         else:
@@ -78,10 +104,7 @@ def main(out, mode="scope"):
         if keras.backend.backend() == "tensorflow":
             results[name].update(strategy=type(model.distribute_strategy).__name__,
                                  replicas=model.distribute_strategy.num_replicas_in_sync)
-    # Only to name the output file.
-    index = os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID") or json.loads(
-        os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
-    with open(out.replace("{worker}", str(index)), "w", encoding="utf-8") as f:
+    with open(out.replace("{worker}", str(process_index())), "w", encoding="utf-8") as f:
         json.dump(results, f)
 
 

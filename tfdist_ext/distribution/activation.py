@@ -9,9 +9,12 @@ run data-parallel; setting None (or leaving the scope) restores TF's default.
 
 Batch sizes follow Keras' documented semantics: the dataset given to `fit`
 carries the global batch and each worker trains on its contiguous part of
-it. Keras' own `distribute_dataset` would split it per process before the
-strategy splits it again, so under a tfdist_ext strategy it returns the
-dataset unchanged (`wrap_distribute_dataset`).
+it; with `auto_shard_dataset=False` each worker's dataset is its own and
+its batches are local (the global batch is the workers' together; see
+`tfdist_ext.keras.local_input`). Keras' own `distribute_dataset` would split
+the dataset per process before the strategy splits it again, so under a
+tfdist_ext strategy it returns the dataset unchanged
+(`wrap_distribute_dataset`).
 """
 
 import functools
@@ -116,12 +119,6 @@ def wrap_distribute_dataset(original):
     def distribute_dataset(self, dataset):
         if not (tf.distribute.has_strategy() and _ours(tf.distribute.get_strategy())):
             return original(self, dataset)
-        if not self.auto_shard_dataset and backend.num_processes() > 1:
-            raise ValueError(
-                f"keras.distribution.{type(self).__name__}(auto_shard_dataset=False) is not "
-                "supported by tfdist_ext yet: give fit the global batch with "
-                "auto_shard_dataset=True (the default); each worker trains on its contiguous "
-                "part of every batch.")
         return dataset
 
     return distribute_dataset

@@ -10,7 +10,9 @@ others trained on. At the start of a multi-worker `fit`, `check` compares a
 digest of each worker's input (the first element of a `tf.data.Dataset`; the
 first and last rows of arrays) and warns, naming the likely cause and the
 fix, when they differ. Datasets whose auto-sharding is off (the user shards
-them) and datasets that read through a `cache()` are not compared.
+them), any input under `keras.distribution.DataParallel(auto_shard_dataset=
+False)` (each worker's own) and datasets that read through a `cache()` are
+not compared.
 
 Keras' own shuffle of array inputs (`fit(x, y, shuffle=True)`, the default)
 draws from TF's global seed; when the script set none, `agree_shuffle_seed`
@@ -25,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.keras import local_input
 
 log = logging.getLogger("tfdist_ext")
 _ROWS = 8
@@ -46,6 +49,8 @@ def digest(data, y=None):
             arrays, tensors or DataFrames).
         y: `fit`'s `y` with array inputs.
     """
+    if local_input.per_worker_input():
+        return None
     if isinstance(data, tf.data.Dataset):
         policy = data.options().experimental_distribute.auto_shard_policy
         if policy == tf.data.experimental.AutoShardPolicy.OFF or _caches(data):

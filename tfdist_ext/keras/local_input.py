@@ -22,6 +22,14 @@ Otherwise (several replicas in this process, a length TF cannot know, auto-
 sharding OFF or by files, ragged or sparse inputs, a `DistributedDataset` the
 user made) Keras keeps the distributed iterator.
 
+Under a current `keras.distribution.DataParallel(auto_shard_dataset=False)`
+(Keras' "the input is already sharded across processes"; see
+`tfdist_ext.distribution`) each worker's dataset is its own: every batch is
+this worker's whole local batch, and the global batch is the workers' local
+batches together. That dataset must have a known (or infinite) batch count
+(the workers' counts are padded to the longest by `uneven.common_length`)
+and, where its batch dimension is static, the same on every worker.
+
 In elastic training (`tfdist_ext.elastic`) the part and the number of parts
 are variables that the survivors of a worker's death set to their new ranks,
 so the global batch keeps its size and every sample is still trained on (a
@@ -32,6 +40,7 @@ import functools
 import itertools
 import weakref
 
+import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
@@ -63,6 +72,16 @@ def wrap_get_iterator(original):
 
 def _local_dataset(distributed, strategy, user_made):
     """This worker's `tf.data.Dataset` of `distributed`, or `distributed` itself."""
+    if (uneven.is_tfdist_strategy(strategy) and strategy.num_workers > 1
+            and per_worker_input() and (user_made or len(strategy.extended.worker_devices) != 1
+                                        or _compat.undistributed_dataset(distributed) is None)):
+        raise ValueError(
+            "keras.distribution.DataParallel(auto_shard_dataset=False) on several workers "
+            "takes each worker's input as a tf.data.Dataset, numpy arrays or a generator "
+            "with one device per worker; this worker has "
+            f"{len(strategy.extended.worker_devices)} device(s) and the input is a "
+            f"{type(distributed).__name__}. Pass the undistributed dataset, or use "
+            "auto_shard_dataset=True with the global batch.")
     if (user_made or not uneven.is_tfdist_strategy(strategy)
             or len(strategy.extended.worker_devices) != 1):
         return distributed
@@ -72,12 +91,45 @@ def _local_dataset(distributed, strategy, user_made):
     workers = strategy.num_workers
     if workers == 1:
         return dataset
+    if per_worker_input():
+        return _whole(dataset, strategy)
     if not (_splittable(dataset) and _same_length(dataset, strategy)):
         return distributed
     elastic = getattr(strategy, "elastic", None)
     if elastic is not None:  # the parts follow the membership (`tfdist_ext.elastic`)
         return with_promised_length(split_batches(dataset, *elastic.data_split()))
     return with_promised_length(split_batches(dataset, strategy.worker_index, workers))
+
+
+def per_worker_input() -> bool:
+    """Whether the current Keras distribution says each worker's input is its own."""
+    return getattr(keras.distribution.distribution(), "auto_shard_dataset", True) is False
+
+
+def _whole(dataset, strategy):
+    """`dataset`, this worker's own, checked to give every worker as many batches."""
+    batch = tf.nest.flatten(dataset.element_spec)[0].shape
+    batch = batch[0] if batch.rank else None
+    count = int(dataset.cardinality())
+    seen = [c.split("/") for c in strategy.exchange(
+        f"per-worker-input/{next(_agreements)}", f"{count}/{batch}")]
+    counts, batches = [int(c) for c, _ in seen], [b for _, b in seen]
+    fix = ("Give each worker a dataset whose length TF knows (no `filter` or generator "
+           "without `assert_cardinality`), or `.repeat()` it and pass steps_per_epoch / "
+           "steps.")
+    if min(counts) == tf.data.UNKNOWN_CARDINALITY or len(set(counts)) > 1:
+        raise ValueError(
+            "keras.distribution.DataParallel(auto_shard_dataset=False): each worker trains "
+            "on its own dataset, and every worker must run the same number of steps, but the "
+            f"workers' datasets have {counts} batches (-2: unknown to TF, -1: infinite). "
+            + fix)
+    if "None" not in batches and len(set(batches)) > 1:
+        raise ValueError(
+            "keras.distribution.DataParallel(auto_shard_dataset=False): the workers' "
+            f"datasets have static batch sizes {batches}; Keras' DataParallel takes the same "
+            "batch size on every process. Batch every worker's dataset with the same size, "
+            "or without drop_remainder=True.")
+    return with_promised_length(dataset)
 
 
 SHORT_DATASET = "tfdist_ext: this worker's dataset"
