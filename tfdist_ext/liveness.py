@@ -18,6 +18,11 @@ A worker that ends first writes so into the coordination service's key-value
 store: normally, and its peers stop watching it; with an error of its own, and
 its peers stop at once naming that error (the store is read every round).
 
+In elastic training a worker that was itself frozen (SIGSTOP, a paused VM) and
+runs again finds so from its own clock (a thread that sleeps `INTERVAL_SECONDS`
+woke more than `FROZEN_SECONDS` late) and tells its abort callbacks, naming
+itself: its peers may have removed it meanwhile (`tfdist_ext.elastic.fencing`
+decides).
 Tuning: ``TFDIST_PEER_TIMEOUT`` (seconds, default 2) bounds each health check;
 raise it on congested or very slow links, where a check can queue behind
 gradient traffic. ``TFDIST_PEER_TIMEOUT=0`` turns the watcher off (the
@@ -39,6 +44,10 @@ TIMEOUT_VARIABLE = "TFDIST_PEER_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 2.0
 INTERVAL_SECONDS = 0.5
 MISSES = 2
+# A sleep this much late means the process stood still (a thread starved of the GIL
+# wakes within milliseconds); shorter than the peers need to remove it (about 5 s).
+FROZEN_SECONDS = 3.0
+UNREACHABLE = "no answer"  # how a problem of a stopped or cut-off peer starts
 # A replacement's checks may fail on TF's stale channel to the dead process: the
 # UCX collectives' own no-progress timeout covers a death in this time.
 REWATCH_GRACE_SECONDS = 30.0
@@ -91,13 +100,17 @@ class Watcher:
         self._reported = set()  # failure reports (the store's) acted on
         self.aborts: List[Callable[[str, str], None]] = []  # (reason, dead task)
         self.reason: Optional[str] = None
+        self.frozen_seconds: Optional[float] = None  # the longest time this process stood
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tfdist-liveness", daemon=True)
+        self._clock = threading.Thread(target=self._tick, name="tfdist-clock", daemon=True)
 
     def start(self):
         if self.keep_watching:  # a replacement: the death it replaces is not news
             self._reported.add(_stored(_FAILED_KEY, timeout_in_ms=1))
         self._thread.start()
+        if self.keep_watching:
+            self._clock.start()
 
     def stop(self):
         self._stop.set()
@@ -142,6 +155,25 @@ class Watcher:
                             return
                         del self.peers[task]
 
+    def _tick(self):
+        """Finds that this process was frozen: a sleep that woke far too late."""
+        while True:
+            before = time.monotonic()
+            if self._stop.wait(INTERVAL_SECONDS):
+                return
+            late = time.monotonic() - before - INTERVAL_SECONDS
+            if late > FROZEN_SECONDS:
+                self.frozen_seconds = max(self.frozen_seconds or 0.0, late)
+                reason = (f"tfdist_ext: {self.me} itself did not run for {late:.0f} s "
+                          "(stopped, or its host paused); its peers may have gone on without "
+                          "it.")
+                log.warning("%s", reason)
+                for abort in self.aborts:
+                    try:
+                        abort(reason, self.me)
+                    except Exception as err:  # pylint: disable=broad-except
+                        log.warning("tfdist_ext: aborting collectives failed: %s", err)
+
     def _check(self, task) -> Optional[str]:
         try:
             _compat.check_peer_health(task, int(self.timeout * 1000))
@@ -150,8 +182,8 @@ class Watcher:
             text = " ".join(str(getattr(err, "message", err)).split())
             if self.keep_watching and restarted(err):
                 return None  # a replacement with the same task name: alive
-            if "Deadline" in type(err).__name__ or "deadline" in text.lower():
-                return (f"no answer to {MISSES} health checks of {self.timeout:g} s "
+            if timed_out(err):
+                return (f"{UNREACHABLE} to {MISSES} health checks of {self.timeout:g} s "
                         "(stopped, hung or unreachable)")
             return f"its server is gone ({type(err).__name__}: {text[:200]})"
 
@@ -165,6 +197,19 @@ class Watcher:
                 abort(self.reason, task)
             except Exception as err:  # pylint: disable=broad-except
                 log.warning("tfdist_ext: aborting collectives failed: %s", err)
+
+
+def timed_out(err) -> bool:
+    """Whether a failed health check found nobody answering (stopped, hung, unreachable),
+    rather than a server that is gone."""
+    text = str(getattr(err, "message", err))
+    return "Deadline" in type(err).__name__ or "deadline" in text.lower()
+
+
+def frozen_seconds() -> Optional[float]:
+    """The longest time this process stood still (elastic training's watcher only;
+    None: never longer than `FROZEN_SECONDS`)."""
+    return None if _watcher is None else _watcher.frozen_seconds
 
 
 def restarted(err) -> bool:

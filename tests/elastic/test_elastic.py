@@ -5,12 +5,16 @@ test_membership.py); the fits run as plain TF_CONFIG processes or under the
 launcher, three or four workers, one SIGKILLed at a chosen step.
 """
 
+import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import tfdist_ext
@@ -168,6 +172,134 @@ def test_the_environment_turns_it_on_for_an_unchanged_script():
     assert elastic_options.get(False, {"TFDIST_ELASTIC": "1"}) is None
     with pytest.raises(ValueError, match=r"Environment variable TFDIST_ELASTIC='yes' must be"):
         elastic_options.get(None, {"TFDIST_ELASTIC": "yes"})
+
+
+def _weights_sha(path):
+    """The sha256 of a checkpoint of elastic_fit.py's MLP, hashed as the script hashes."""
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import elastic_fit  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    model = elastic_fit.build("mlp")
+    model.load_weights(path)
+    return hashlib.sha256(b"".join(np.asarray(w).tobytes()
+                                   for w in model.get_weights())).hexdigest()
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp_path):
+    """SIGSTOP to worker 0 (the chief): the others remove it within 10 s and go on;
+    SIGCONT once they have: it finds from its own clock that it stood still, asks the
+    members, exits non-zero naming what happened, and the checkpoints stay theirs."""
+    out = tmp_path / "stop"
+    out.mkdir()
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
+    logs = [out / f"w{i}.log" for i in range(3)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    # The survivors wait 1 s per step while short (at most 8 s): the job still runs
+    # when the stopped worker continues.
+    env = {"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "8"}
+    procs = [_start(configs, i, out, files[i], 0, 10, 2, "mlp", "sigstop", env=env)
+             for i in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        while "go on (generation" not in logs[1].read_text(errors="replace"):
+            assert time.monotonic() < deadline and procs[1].poll() is None, \
+                logs[1].read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        assert procs[0].poll() is None
+        time.sleep(1)
+        procs[0].send_signal(signal.SIGCONT)
+        continued = time.monotonic()
+        code = procs[0].wait(timeout=60)
+        took = time.monotonic() - continued
+        codes = [code] + [p.wait(timeout=240) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+        for f in files:
+            f.close()
+    texts = [log.read_text(errors="replace") for log in logs]
+    assert codes[1:] == [0, 0] and codes[0] not in (0, None), [t[-3000:] for t in texts]
+    assert took < 10, (took, texts[0][-3000:])
+    assert ("worker 0 did not run for" in texts[0] and "the others removed it and went on "
+            "without it as 2 worker(s) [1, 2]" in texts[0]), texts[0][-3000:]
+    stopped = float((out / "killed.txt").read_text())
+    results = {i: json.loads((out / f"w{i}.json").read_text()) for i in (1, 2)}
+    assert not (out / "w0.json").exists()
+    for r in results.values():
+        (failure,) = r["failures"]
+        assert failure["dead"] == [0] and failure["members"] == [1, 2]
+        assert failure["time"] - stopped < 10, (failure, stopped)
+    assert results[1]["sha"] == results[2]["sha"]
+    assert "worker 1 is now the chief" in texts[1]
+    assert _weights_sha(out / "ckpt-2.weights.h5") == results[1]["sha"]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                    reason="network namespaces need root and iproute2")
+def test_a_worker_cut_off_from_the_network_is_removed_and_stops_alone(tmp_path):
+    """Worker 2 takes its emulated host's link down (tfdist-run --link-bandwidth):
+    the two that still reach each other remove it within 10 s and finish; it sees
+    the other two silent, is no majority, and exits naming the quorum rule."""
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 2, "mlp", "netcut"], timeout=200,
+                          options=["--elastic", "--link-bandwidth", "10gbit"])
+    assert code == 0, out[-4000:]
+    assert "the job finished without worker(s) [2]" in out, out[-4000:]
+    assert ("worker 2 cannot reach worker(s) [0, 1], which did not answer" in out
+            and "not a majority" in out), out[-4000:]
+    cut = float((tmp_path / "killed.txt").read_text())
+    results = {i: json.loads((tmp_path / f"w{i}.json").read_text()) for i in (0, 1)}
+    assert not (tmp_path / "w2.json").exists()
+    for r in results.values():
+        (failure,) = r["failures"]
+        assert failure["dead"] == [2] and failure["members"] == [0, 1]
+        assert failure["time"] - cut < 10, (failure, cut)
+    assert results[0]["sha"] == results[1]["sha"]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+@pytest.mark.parametrize("leaver", [1, 0])
+def test_a_worker_sent_sigterm_leaves_and_no_step_is_discarded(tmp_path, leaver,
+                                                               uninterrupted):
+    """A scheduler's preemption (SIGTERM) of one worker, the chief too: it exits 0 after
+    the next step, the others go on at once without discarding a step, train every
+    global batch and end alike, and the next chief writes the checkpoints."""
+    codes, texts, results = _run_job(tmp_path, "leave", kill_worker=leaver, kill_step=10,
+                                     extra=(4, "mlp", "sigterm"))
+    assert codes == [0, 0, 0], [t[-3000:] for t in texts]
+    assert "leaves the job after the next training step" in texts[leaver]
+    assert f"worker {leaver} leaves the job after step" in texts[leaver], texts[leaver][-3000:]
+    signalled = float((tmp_path / "leave" / "killed.txt").read_text())
+    stayers = [w for w in range(3) if w != leaver]
+    assert sorted(results) == stayers
+    for w in stayers:
+        r = results[w]
+        assert r["failures"] == [] and r["joins"] == [], r
+        (left,) = r["leaves"]
+        assert left["left"] == [leaver] and left["members"] == stayers
+        assert left["step"] in (11, 12)  # after the step that carried the request
+        assert left["time"] - signalled < 10, (left, signalled)
+        assert r["iterations"] == 4 * 27  # every step ran: none discarded
+        assert r["accuracy"] >= uninterrupted["accuracy"] - 0.01, (r, uninterrupted)
+    assert len({results[w]["sha"] for w in stayers}) == 1
+    assert len({results[w]["optimizer_sha"] for w in stayers}) == 1
+    assert "no step discarded" in texts[stayers[0]]
+    assert sorted(p.name for p in (tmp_path / "leave").glob("ckpt-*")) == [
+        f"ckpt-{e}.weights.h5" for e in range(1, 5)]
+    if leaver == 0:
+        assert "worker 1 is now the chief" in texts[1]
 
 
 @NO_UCX

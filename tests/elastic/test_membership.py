@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tfdist_ext.elastic import (MembershipError, admission, beacon, health, joining,
-                                membership, store)
+from tfdist_ext.elastic import (MembershipError, admission, beacon, fencing, health,
+                                joining, membership, store)
 from tfdist_ext.launch import free_ports
 
 
@@ -164,3 +164,36 @@ def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
     assert not requests.requested()
     own.close()
     replacement.close()
+
+
+@pytest.mark.parametrize("members, alive, gone, goes_on", [
+    ((0, 1, 2), (0, 1), (), True),        # one stopped or cut off: the two go on
+    ((0, 1, 2), (2,), (), False),         # ... and it stops
+    ((0, 1), (0,), (), False),            # two that lose each other: neither goes on
+    ((0, 1), (0,), (1,), True),           # the other's server refused: it died
+    ((0, 1, 2), (1,), (0, 2), True),      # the rest died
+    ((0, 1, 2, 3), (0, 1), (), False),    # half is no majority
+    ((0, 1, 2, 3), (0, 1), (3,), True),
+])
+def test_only_a_majority_of_the_members_not_known_dead_goes_on(members, alive, gone, goes_on):
+    if goes_on:
+        fencing.check_quorum(alive[0], members, alive, gone)
+        return
+    with pytest.raises(MembershipError) as caught:
+        fencing.check_quorum(alive[0], members, alive, gone)
+    silent = sorted(set(members) - set(alive) - set(gone))
+    assert f"worker {alive[0]} cannot reach worker(s) {silent}" in str(caught.value)
+    assert "not a majority" in str(caught.value) and "as a replacement" in str(caught.value)
+
+
+def test_a_frozen_worker_goes_on_only_while_it_is_still_a_member():
+    state = {"members": [0, 1, 2], "generation": 3}
+    fencing.check_not_frozen(2, 3, None, lambda: None)  # not frozen: nothing asked
+    fencing.check_not_frozen(2, 3, 12.0, lambda: state)  # still a member
+    removed = {"members": [0, 1], "generation": 4}
+    with pytest.raises(MembershipError, match=r"worker 2 did not run for 12 s .* removed it "
+                                              r"and went on without it as 2 worker\(s\) "
+                                              r"\[0, 1\] \(generation 4\)"):
+        fencing.check_not_frozen(2, 3, 12.0, lambda: removed)
+    with pytest.raises(MembershipError, match="no other worker answers now"):
+        fencing.check_not_frozen(2, 3, 12.0, lambda: None)

@@ -14,21 +14,27 @@ it announces the membership, so that they must agree again; "admission": as "tra
 and worker 1 SIGKILLs itself once it has admitted the replacement of the killed
 worker and wired up with it, before the state broadcast; "wire-up": as "train", and worker
 1 SIGKILLs itself once the survivors agreed on the new membership, before it publishes
-its address for their new communicators); worker KILL_WORKER SIGKILLs
-itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
+its address for their new communicators; "sigterm": as "train", but worker
+KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
+"sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
+test to continue it; "netcut": under `tfdist-run --link-bandwidth`, worker
+KILL_WORKER takes its namespace's link down instead, and stays cut off);
+worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
 weights, the strategy's recorded failures and members, the loss history and
 the test accuracy; the chief (worker 0, or the lowest survivor after its death)
 writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch. With WAIT_REJOIN=1 in
 the environment, the members sleep 1 s after each step while the job is
-short of a worker (at most 120 s), leaving a replacement time to start and join.
+short of a worker (at most 120 s, or WAIT_REJOIN_SECONDS), leaving a replacement
+time to start and join.
 """
 
 import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -71,6 +77,25 @@ class Stamp(keras.callbacks.Callback):
         self._begin("test")
 
 
+class CutOff(keras.callbacks.Callback):
+    """Takes this worker's network namespace's link down at training step `step`."""
+
+    def __init__(self, out_dir, step):
+        super().__init__()
+        self.path, self.step, self.steps = os.path.join(out_dir, "killed.txt"), step, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.steps == self.step:
+            links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
+                                   text=True, check=True).stdout.splitlines()
+            device = next(line.split(":")[1].strip().split("@")[0] for line in links
+                          if line.split(":")[1].strip().startswith("tfd"))
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(repr(time.time()))
+            subprocess.run(["ip", "link", "set", device, "down"], check=True)
+        self.steps += 1
+
+
 class WaitForRejoin(keras.callbacks.Callback):
     """Slows the members' steps while a worker is missing (a replacement is starting)."""
 
@@ -79,7 +104,8 @@ class WaitForRejoin(keras.callbacks.Callback):
         self.strategy, self.workers, self.waited = strategy, workers, 0.0
 
     def on_train_batch_end(self, batch, logs=None):
-        if len(self.strategy.elastic.members) < self.workers and self.waited < 120:
+        limit = float(os.environ.get("WAIT_REJOIN_SECONDS", "120"))
+        if len(self.strategy.elastic.members) < self.workers and self.waited < limit:
             time.sleep(1.0)
             self.waited += 1.0
 
@@ -139,10 +165,15 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             os.kill(os.getpid(), signal.SIGKILL)
 
         strategy.reconfigure_workers = reconfigure_and_die
-    kill_phase = "train" if phase in ("recovery", "admission", "wire-up") else phase
+    kill_phase = "train" if phase in ("recovery", "admission", "wire-up", "sigterm",
+                                    "sigstop") else phase
+    sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
-             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), phase=kill_phase)]
-            if int(kill_step) >= 0 and phase != "epoch_end" else [])
+             tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
+                                       phase=kill_phase)]
+            if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut") else [])
+    if phase == "netcut":
+        kill = [CutOff(out_dir, int(kill_step))] if index == int(kill_worker) else []
     if phase == "epoch_end" and index == int(kill_worker):
         kill.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda batch, logs: os.kill(os.getpid(), signal.SIGKILL)
@@ -166,7 +197,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                    "sha": hashlib.sha256(weights).hexdigest(),
                    "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
                    "failures": recovery.failures, "members": list(recovery.members),
-                   "joins": recovery.joins,
+                   "joins": recovery.joins, "leaves": recovery.leaves,
                    "loss": history.history["loss"], "accuracy": accuracy,
                    "iterations": int(model.optimizer.iterations.numpy()),
                    "seconds": time.time() - started}, f)

@@ -12,9 +12,12 @@ replacement's store (`tfdist_ext.elastic.recovery.Recovery.admit`).
 
 import os
 import time
-from typing import Dict, Iterable, List, Mapping, Tuple
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from tfdist_ext.elastic import store
+import tensorflow as tf
+
+from tfdist_ext import coordination
+from tfdist_ext.elastic import beacon, store
 from tfdist_ext.elastic.membership import MembershipError
 
 POLL_SECONDS = 2.0  # how often a waiting replacement checks that a member still answers
@@ -103,3 +106,39 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
                 f"worker {me} asked workers {asked} to take it into the running job, but "
                 "they went away before they did: the job ended (or they died). Start the "
                 "replacement while the others train.")
+
+
+def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
+    """Every worker's store address, and the running job's members if this worker joins it.
+
+    At the job's start the workers exchange their stores' addresses through TF's
+    coordination service; a replacement has them from the members' answer at its
+    start (`beacon.found`).
+
+    Args:
+        prefix: The elastic strategy's key prefix.
+        me: This worker's TF_CONFIG index.
+        members: Every worker of the job (TF_CONFIG order).
+        own: This worker's store address.
+
+    Returns:
+        ({worker: "host:port"}, the members in rank order, or None at a fresh start).
+    """
+    running = beacon.found()
+    if running is not None:  # this worker replaces a dead one
+        if prefix not in running:
+            raise MembershipError(
+                f"worker {me} joins a running job, but the job has no elastic strategy "
+                f"{prefix!r}: the replacement must run the same script.")
+        stores = {int(w): a for w, a in running[prefix]["stores"].items()}
+        stores[me] = own
+        return stores, [int(w) for w in running[prefix]["members"]]
+    kv, key = coordination.KeyValue(), f"{prefix}/elastic/stores"
+    try:
+        kv.set(f"{key}/{me}", own)
+    except tf.errors.AlreadyExistsError:
+        raise MembershipError(
+            f"worker {me} was started again while its job runs, but no member answered its "
+            "query on UDP at start-up (sent to their TF_CONFIG ports; "
+            "`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") from None
+    return {w: own if w == me else kv.get(f"{key}/{w}") for w in members}, None

@@ -7,17 +7,15 @@ Here, in order:
 
 1. Detect: the dead-peer watcher (`tfdist_ext.liveness`) finds a killed or
    stopped worker within about a second and aborts the UCX communicators that
-   exist (only those: new ones work), so the step in flight fails at once on
-   every survivor. A survivor whose step had already finished fails in its
-   next one.
+   exist (new ones work): the step in flight fails at once on every survivor
+   (one whose step had finished fails in its next).
 2. Discard: the failed step's batch is consumed and its update not trusted
    (a survivor may have applied it, another not: step 5 makes them equal).
 3. Agree: the survivors health-check the members, report what they found
    and how many steps they ran, and the first survivor in rank order announces
    the new membership (`membership.agree`, in the survivor's key-value store,
    `store.py`: TF's coordination service dies with worker 0). Fewer than
-   `min_workers` stops every survivor with an error naming the missing
-   workers.
+   `min_workers` stops every survivor with an error naming the missing ones.
 4. Rebuild: each survivor's cross-device ops take the new world size and
    rank and make new communicators (`CrossDeviceOps.reconfigure`); Keras'
    train, test and predict functions are traced again.
@@ -29,11 +27,9 @@ Here, in order:
    write where the user asked from then on (`keras.worker_callbacks`).
 
 Where Keras reads each worker's part of every global batch through a plain
-`tf.data` pipeline (`tfdist_ext.keras.local_input`: one replica per worker,
-a dataset of known length, auto-sharding AUTO or DATA), the survivors split
-each global batch among themselves from the next batch on: the global batch
-keeps its size and no sample is skipped. Otherwise each survivor keeps its
-shard of the data and its per-replica batch, the global batch shrinks, and a
+`tf.data` pipeline (`tfdist_ext.keras.local_input`), the survivors split each
+global batch among themselves from the next batch on: the global batch keeps
+its size. Otherwise each survivor keeps its shard and per-replica batch, and a
 dead worker's share of the rest of the `fit` is not trained on. Either way the
 gradient is the mean over the samples the members computed.
 
@@ -46,8 +42,9 @@ members agree to admit it after the same step (`admission`, `admit`): a new
 generation with the replacement ranked last (the chief stays the chief), rank
 0's state broadcast to everyone (`state`), and the replacement's `fit` resumes
 at the members' epoch and batch. A death during a recovery or an admission
-makes the survivors agree again (`recover`, `recover_and_share`). Not covered
-yet: sync policies other than "sync".
+makes the survivors agree again (`recover`, `recover_and_share`). A worker sent
+SIGTERM leaves after a step instead (`leaving`). Not covered: sync policies
+other than "sync".
 """
 
 import contextlib
@@ -55,13 +52,14 @@ import json
 import logging
 import threading
 import time
-from typing import List
+from typing import Dict, List
 
 import tensorflow as tf
 
 from tfdist_ext import _compat, coordination, liveness
 from tfdist_ext.collectives import ucx_engine
-from tfdist_ext.elastic import admission, beacon, health, joining, membership, state, store
+from tfdist_ext.elastic import (admission, beacon, fencing, health, joining, membership,
+                                state, store)
 
 log = logging.getLogger("tfdist_ext")
 RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
@@ -85,6 +83,9 @@ class Recovery:
             "time" (`time.time()` then).
         joins: One dict per admission of replacement workers: "generation",
             "step", "joined" (their indices), "members" and "time".
+        leaves: One dict per departure of workers asked to stop
+            (`tfdist_ext.elastic.leaving`): "generation", "step", "left",
+            "members" and "time".
         replacement: Whether this process replaces a dead worker (it joined a
             running job).
         join_flag, join_agreed: float32 variables: a join request this worker
@@ -100,6 +101,7 @@ class Recovery:
         self._attempted = 0  # the last generation this worker tried to reach
         self.failures: List[dict] = []
         self.joins: List[dict] = []
+        self.leaves: List[dict] = []
         self._strategy = strategy
         self._prefix = key_prefix
         self._addresses = dict(enumerate(strategy.cluster.worker_addresses))
@@ -111,49 +113,24 @@ class Recovery:
                            _compat.ResourceVariable(len(self.members), dtype=tf.int64,
                                                     trainable=False, name="elastic_parts"))
         self._lock = threading.Lock()  # the watcher's aborts against a membership change
-        self._reported_dead = set()  # workers the dead-peer watcher found dead
+        self._reported_dead = {}  # worker -> health.GONE / UNREACHABLE, from the watcher
+        self.frozen = None  # why this worker, frozen meanwhile, is no member any more
         self._on_promotion = []
         self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
         self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
         self.state_stale = False  # the members changed outside a step function
         # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
-        self.joining = False
-        self.replacement = False  # started again in place of a dead worker
         self.catching_up = False  # joined, but the members' fit is ahead of this one's
-        self._join_order = list(self.members)  # whose stores a replacement asks
-        self._stores = self._exchange_stores()
+        self._stores, running = joining.stores_at_start(self._prefix, self.me, self.members,
+                                                        self._store.address)
+        self.joining = self.replacement = running is not None
+        self._join_order = list(running or self.members)  # whose stores a replacement asks
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         self._requests = admission.Requests(
             self._store, self._prefix, lambda: self.members,
             lambda: not self.joining and self.members[0] == self.me)
         self.join_flag, self.join_agreed = self._requests.flag, self._requests.agreed
-
-    def _exchange_stores(self):
-        """Every worker's store address: through TF's coordination service at the
-        job's start, from the members' answer (`beacon`) for a replacement."""
-        running = beacon.found()
-        if running is not None:  # this worker replaces a dead one
-            if self._prefix not in running:
-                raise membership.MembershipError(
-                    f"worker {self.me} joins a running job, but the job has no elastic "
-                    f"strategy {self._prefix!r}: the replacement must run the same script.")
-            self.joining = self.replacement = True
-            self._join_order = [int(w) for w in running[self._prefix]["members"]]
-            stores = {int(w): a for w, a in running[self._prefix]["stores"].items()}
-            stores[self.me] = self._store.address
-            return stores
-        kv, key = coordination.KeyValue(), f"{self._prefix}/elastic/stores"
-        try:
-            kv.set(f"{key}/{self.me}", self._store.address)
-        except tf.errors.AlreadyExistsError:
-            raise membership.MembershipError(
-                f"worker {self.me} was started again while its job runs, but no member "
-                f"answered its query on UDP at start-up (sent to their TF_CONFIG ports; "
-                "`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") \
-                from None
-        return {w: self._store.address if w == self.me else kv.get(f"{key}/{w}")
-                for w in self.members}
 
     def _beacon_state(self):
         return {"stores": {str(w): a for w, a in self._stores.items()},
@@ -190,8 +167,9 @@ class Recovery:
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         joiners = sorted(set(decision["members"]) - set(self.members))
         with self._lock:
-            self._reported_dead.difference_update(joiners)
-        self._change(generation, tuple(decision["members"]))
+            for worker in joiners:
+                self._reported_dead.pop(worker, None)
+        self.change(generation, tuple(decision["members"]))
         for worker in joiners:
             liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
         self.joins.append({"generation": generation, "step": steps, "joined": joiners,
@@ -219,7 +197,7 @@ class Recovery:
                                                     self.options.join_seconds, self.me))
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         self.joining, self.catching_up = False, True
-        self._change(decision["generation"], tuple(decision["members"]))
+        self.change(decision["generation"], tuple(decision["members"]))
         try:
             self.broadcast_state(variables)
         except tf.errors.OpError as err:  # a member died while this worker joined
@@ -229,7 +207,7 @@ class Recovery:
                     self.me, decision["steps"], decision["epoch"], decision["batch"])
         return decision
 
-    def _change(self, generation, members):
+    def change(self, generation, members):
         """Goes on as a member of `members` (generation `generation`)."""
         was_chief = self.members[0] == self.me and not self.joining
         rank = membership.position(members, self.me)
@@ -250,7 +228,7 @@ class Recovery:
         member the watcher found dead (it never publishes its address) fails at once."""
         def check():
             with self._lock:
-                dead = sorted(self._reported_dead & set(self.members))
+                dead = sorted(set(self._reported_dead) & set(self.members))
             if dead:
                 raise tf.errors.UnavailableError(None, None, (
                     f"tfdist_ext: worker(s) {dead} died while the members wired up "
@@ -283,11 +261,21 @@ class Recovery:
 
     def abort_communicators(self, reason: str, task: str):
         """Fails the collectives in flight if `task` (a TF task name, from the watcher)
-        is a member; communicators made later work. A worker the members already
-        went on without is ignored: its death must not fail their new communicators."""
+        is a member, or is this worker, frozen and no longer a member (`fencing`);
+        communicators made later work. A worker the members already went on without
+        is ignored: its death must not fail their new communicators."""
         dead = {w for w in self._addresses if liveness.task_name("worker", w) == task}
+        kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
+        if self.me in dead:
+            try:
+                fencing.check_not_frozen(self.me, self.generation,
+                                         liveness.frozen_seconds() or 0.0, self._running)
+            except membership.MembershipError as removed:
+                self.frozen = removed
+                ucx_engine.abort(reason, later=False)
+            return
         with self._lock:
-            self._reported_dead |= dead
+            self._reported_dead.update((w, kind) for w in dead - {self.me})
             if dead & set(self.members):
                 ucx_engine.abort(reason, later=False)
 
@@ -303,9 +291,16 @@ class Recovery:
             self.state_stale = True
             return run()
 
-    def dead_members(self) -> List[int]:
+    def _running(self):
+        """The members' state as the other members answer it (`fencing.members_state`)."""
+        others = [self._addresses[w] for w in self.members if w != self.me]
+        return fencing.members_state(self._prefix, others, beacon.running_job)
+
+    def dead_members(self) -> Dict[int, str]:
         """Members other than this worker that do not answer (`health.dead_members`)."""
-        return health.dead_members(self.members, self.me, self._stores)
+        with self._lock:
+            known = dict(self._reported_dead)
+        return health.dead_members(self.members, self.me, self._stores, known)
 
     def recover(self, error: Exception, steps: int) -> int:
         """Goes on without the dead workers after `error` failed a training step.
@@ -329,6 +324,8 @@ class Recovery:
         """
         start, last = time.monotonic(), error
         for attempt in range(RECOVERY_ATTEMPTS):
+            if self.frozen is not None:
+                raise self.frozen
             dead = self.dead_members()
             if not dead:
                 raise last
@@ -368,6 +365,8 @@ class Recovery:
 
     def _recover_once(self, error, steps, dead, start):
         alive = membership.survivors(self.members, dead)
+        fencing.check_quorum(self.me, self.members, alive,
+                             [w for w, kind in dead.items() if kind == health.GONE])
         self._check_enough(alive, dead)
         generation = self.next_generation()
         meeting = self.kv(leader=alive[0])
@@ -376,7 +375,7 @@ class Recovery:
             steps, self.options.recover_seconds)
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
-        self._change(generation, members)
+        self.change(generation, members)
         self.failures.append({"generation": generation, "step": steps, "dead": lost,
                               "members": list(members), "skipped": level - steps,
                               "seconds": time.monotonic() - start, "time": time.time()})

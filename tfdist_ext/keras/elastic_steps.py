@@ -10,14 +10,20 @@ member rank 0's weights and optimizer state, and returns the last good step's
 logs (another death during that, again). A survivor that ran fewer steps than the others (its step had failed
 while theirs had finished) then skips as many calls, consuming their
 batches without training, so that all members' steps pair up again until the
-end of `fit`.
+end of `fit`. After a step that carried a stop request (SIGTERM), the worker
+that got it leaves and the others go on (`tfdist_ext.elastic.leaving`).
 """
 
 import functools
+import logging
+import os
+import sys
 import weakref
 
 import keras
 import tensorflow as tf
+
+from tfdist_ext.elastic import leaving
 
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
@@ -29,6 +35,7 @@ class _Progress:
         self.steps = 0
         self.skip = 0
         self.logs = {}
+        self.stop_everyone = False  # a stop request that cannot be a departure
 
 
 def wrap(train_function, model, strategy, phase="train"):
@@ -45,6 +52,7 @@ def wrap(train_function, model, strategy, phase="train"):
                          "number of batches.")
     recovery = strategy.elastic
     progress = _progress.setdefault(model, {}).setdefault(phase, _Progress())
+    strategy.preemption.leave_alone()
 
     @functools.wraps(train_function)
     def run(iterator):
@@ -86,9 +94,37 @@ def wrap(train_function, model, strategy, phase="train"):
             except (tf.errors.OpError, OSError, TimeoutError) as err:
                 # A replacement, or the leader, died during the admission.
                 _recover(recovery, model, progress, err)
+        if phase == "train" and _stop_requested(strategy, progress):
+            _leave(recovery, model, progress, strategy.preemption)
         return logs
 
     return run
+
+
+def _stop_requested(strategy, progress) -> bool:
+    """Whether the last step's all-reduce carried a stop request (every member agrees)."""
+    return (not progress.stop_everyone and len(strategy.elastic.members) > 1
+            and float(strategy.preemption.agreed.numpy()) > 0)
+
+
+def _leave(recovery, model, progress, preemption):
+    """The worker asked to stop ends its process (exit code 0); the others go on."""
+    try:
+        outcome = leaving.leave(recovery, progress.steps, preemption.signal_name is not None)
+    except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died meanwhile
+        _recover(recovery, model, progress, err)
+        return
+    if outcome == "leave":
+        for handler in logging.getLogger("tfdist_ext").handlers + logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # pylint: disable=protected-access  (no TF shutdown barrier to wait in)
+    if outcome == "stop":  # too few would be left: StopOnPreemption stops everyone
+        progress.stop_everyone = True
+        return
+    preemption.agreed.assign(0.0)
+    _retrace(model)
 
 
 def _metric_logs(model, strategy):

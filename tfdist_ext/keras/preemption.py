@@ -22,7 +22,9 @@ from that backup at the start of the interrupted epoch (the next one after a
 stop at an epoch's end), with the weights of the step where training
 stopped. The time to stop is up to `CHECK_EVERY` training steps plus the
 backup. Relaxed sync policies (no per-step collective) are not covered: their
-workers stop at SIGTERM without a common step.
+workers stop at SIGTERM without a common step. In elastic training only the
+worker that got SIGTERM leaves, and the others go on
+(`tfdist_ext.elastic.leaving`).
 """
 
 import itertools
@@ -58,6 +60,12 @@ class Preemption:
             self.agreed = _compat.ResourceVariable(0.0, trainable=False,
                                                    name="tfdist_stop_agreed")
         self.signal_name = None
+        self.alone = False
+
+    def leave_alone(self):
+        """From now on a request makes only this worker leave (elastic training:
+        `tfdist_ext.elastic.leaving`); the others go on."""
+        self.alone = True
 
     def install_handler(self):
         """Handles SIGTERM from now on (in the main thread only; else a no-op)."""
@@ -66,8 +74,10 @@ class Preemption:
 
     def _on_signal(self, signum, _frame):
         self.signal_name = signal.Signals(signum).name
-        log.warning("tfdist_ext: received %s; all workers will stop after the next "
-                    "training step and write their backups.", self.signal_name)
+        log.warning("tfdist_ext: received %s; %s", self.signal_name,
+                    "this worker leaves the job after the next training step and the others "
+                    "go on." if self.alone else "all workers will stop after the next "
+                    "training step and write their backups.")
         self.requested.assign(1.0)
 
     def request(self):
