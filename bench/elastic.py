@@ -22,6 +22,12 @@ TF_CONFIG after `tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
 replacement rejoins. Stops killing after `--failures`. Reported per failure as well: the
 seconds from the kill to the job's return to full size; a kill no member recorded a
 failure for (one before the workers' fit began) is listed in `kills_without_failure`.
+Goodput (torchft's measure): the steps whose result was kept (all of the fit's
+steps but the discarded and skipped ones) over the steps the uninterrupted job
+would have run in the same wall-clock time, i.e. (kept / total) x (uninterrupted
+seconds / seconds with failures); `identical_weights` says whether every worker
+ended with the same weights. The PNG's second panel is the step rate over time
+of both jobs with the kills marked.
 
 The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
 overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
@@ -29,6 +35,7 @@ overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
 """
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -125,8 +132,10 @@ def work(args):
               verbose=0, callbacks=[Log()] + kills)
     seconds = time.time() - start
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
+    weights = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights()))
     (out / f"w{me}.json").write_text(json.dumps({
         "worker": me, "accuracy": accuracy, "seconds": seconds, "start": start,
+        "sha": weights.hexdigest(), "steps": Log.steps,
         "failures": strategy.elastic.failures, "members": list(strategy.elastic.members),
         "joins": strategy.elastic.joins, "replacement": strategy.elastic.replacement,
         "curve": curve}))
@@ -278,7 +287,13 @@ def summarize_random(args, whole, broken, kills, codes):
             "seconds_to_full_size": None if join is None else join["time"] - when,
             "steps_lost": {"0": 1 + failure["skipped"]}})
     full = [f["seconds_to_full_size"] for f in failures if f["seconds_to_full_size"]]
+    total = len(reference["curve"])  # the fit's steps (one loss per step)
+    lost = sum(f["steps_lost"]["0"] for f in failures)
+    goodput = (total - lost) / total * reference["seconds"] / chief["seconds"]
     return {
+        "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
+        "identical_weights": len({r.get("sha") for r in broken.values()}) == 1,
+        "kill_times": [when - chief["start"] for _, when in kills],
         "workers": args.workers, "mtbf": args.mtbf, "kills": len(kills),
         "epochs": args.epochs, "exit_codes": codes, "cores": os.cpu_count(),
         "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
@@ -297,14 +312,42 @@ def summarize_random(args, whole, broken, kills, codes):
         "mean_steps_lost": sum(f["steps_lost"]["0"] for f in failures) / max(len(failures), 1),
         "curves": {"uninterrupted": thin(reference["curve"]),
                    "with_failures": thin(chief["curve"])},
+        "step_rates": {"uninterrupted": step_rate(reference["curve"]),
+                       "with_failures": step_rate(chief["curve"])},
     }
+
+
+def step_rate(curve, window=5.0):
+    """(seconds from the first step, steps per second) over windows of `window` s."""
+    if not curve:
+        return []
+    start, rates, steps = curve[0][1], [], 0
+    edge = start + window
+    for _, when, _ in curve:
+        while when >= edge:
+            rates.append((edge - start - window / 2, steps / window))
+            steps, edge = 0, edge + window
+        steps += 1
+    return rates
 
 
 def plot(result, path):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    rates = result.get("step_rates")
+    fig, axes = plt.subplots(2 if rates else 1, 1, figsize=(7, 6 if rates else 3.5))
+    ax = axes[0] if rates else axes
+    if rates:
+        for name, points in rates.items():
+            axes[1].plot([p[0] for p in points], [p[1] for p in points], label=name, lw=1)
+        for when in result["kill_times"]:
+            axes[1].axvline(when, color="red", ls="--", lw=0.6)
+        axes[1].set(xlabel="seconds from the fit's start (red: a kill)",
+                    ylabel="training steps / s (5 s windows)",
+                    title=f"goodput {result['goodput']:.3f} ({len(result['failures'])} "
+                          f"failures, mean interval {result['mtbf']:g} s)")
+        axes[1].legend(fontsize=7)
     for name, curve in result["curves"].items():
         ax.plot([c[0] for c in curve], [c[2] for c in curve], label=name, lw=1)
     ax.set_yscale("log")
@@ -376,6 +419,9 @@ def random_killer(args, whole, root):
     for k in result["kills_without_failure"]:
         print(f"worker {k['worker']} killed at {time.ctime(k['time'])}: no member recorded a "
               "failure (a kill before the fit began needs no recovery)", flush=True)
+    print(f"goodput {result['goodput']:.3f}: {result['steps_lost_total']} of "
+          f"{result['steps_total']} steps lost; identical weights at the end: "
+          f"{result['identical_weights']}", flush=True)
     print(f"{len(result['failures'])} failures: mean {result['mean_seconds_to_go_on']:.2f} s to "
           f"go on, {result['mean_seconds_to_full_size'] or float('nan'):.1f} s to full size, "
           f"{result['mean_steps_lost']:.1f} steps lost; accuracy "

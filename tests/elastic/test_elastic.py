@@ -478,7 +478,8 @@ def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     out = tmp_path / "random.json"
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--mtbf", "2",
-         "--failures", "1", "--epochs", "150", "--json", str(out)],
+         "--failures", "1", "--epochs", "150", "--json", str(out),
+         "--png", str(tmp_path / "random.png")],
         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -492,6 +493,14 @@ def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     assert REPLACEMENT_DELAY_SECONDS < failure["seconds_to_full_size"] < 120, failure
     assert report["with_failures"]["members"] == [1 - victim, victim]
     assert report["mean_steps_lost"] >= 1
+    # Goodput: the kept steps over what the uninterrupted job ran in the same time.
+    assert report["identical_weights"] is True
+    assert report["steps_lost_total"] == sum(f["steps_lost"]["0"] for f in report["failures"])
+    kept = 1 - report["steps_lost_total"] / report["steps_total"]
+    assert report["goodput"] == pytest.approx(kept * report["uninterrupted"]["seconds"]
+                                              / report["with_failures"]["seconds"])
+    assert 0 < report["goodput"] < 2 and report["step_rates"]["with_failures"]
+    assert (tmp_path / "random.png").stat().st_size > 1000
 
 
 def test_benchmark_refuses_a_kill_that_leaves_nobody():
