@@ -1,7 +1,7 @@
 """Every private TensorFlow / Keras import tfdist_ext relies on, in one place.
 
 These are internal APIs of TensorFlow 2.19-2.21 and Keras 3.10-3.15 (see
-../shared/TF_NOTES.md); when upgrading TensorFlow, this module and the C++
+docs/tf_internals.md); when upgrading TensorFlow, this module and the C++
 kernels are what to re-check. Nothing else in the package may import
 `tensorflow.python.*` or `keras.src.*`.
 
@@ -72,7 +72,7 @@ group_by_size = cross_device_utils.group_by_size
 # Keras' TF-backend optimizer and trainer: `tfdist_ext.keras.patches` wraps
 # `TFOptimizer._backend_update_step` (where Keras all-reduces gradients and
 # applies them), `TensorFlowTrainer.make_train_function` and `.fit` so that a
-# sync policy can replace the per-step all-reduce (TF_NOTES.md section 1).
+# sync policy can replace the per-step all-reduce (docs/tf_internals.md).
 TFOptimizer = keras_tf_optimizer.TFOptimizer
 TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
 PerReplica = distribute_values.PerReplica

@@ -1,9 +1,9 @@
 """Worker meetings through TF's coordination service: exchanging strings, barriers.
 
 `Strategy.exchange` and `Strategy.barrier` are built on these. Both use the
-coordination service a multi-worker TF job runs anyway (TF_NOTES.md section
-7), so they need no other service, and both are eager and blocking: every
-worker must make the same calls in the same order.
+coordination service a multi-worker TF job runs anyway (docs/tf_internals.md),
+so they need no other service, and both are eager and blocking: every worker
+must make the same calls in the same order.
 """
 
 import tensorflow as tf

@@ -95,7 +95,7 @@ class Calibration:
 
     @classmethod
     def defaults(cls, cluster_key: str, world_size: int) -> "Calibration":
-        """Built-in constants for a loopback cluster (TF_NOTES section 7).
+        """Built-in constants for a loopback cluster (docs/tf_internals.md).
 
         Used only when calibration is skipped and no cache exists; they do not
         describe the running cluster, so run the probe for real decisions.

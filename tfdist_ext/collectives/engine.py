@@ -3,7 +3,7 @@
 Every pair of ranks (a, b), a < b, talks over its own 2-member collective
 group, so point-to-point traffic is built from TensorFlow's stock collectives
 and works in one process (logical CPUs, GPUs) and across TF_CONFIG workers
-alike (TF_NOTES.md section 3):
+alike (docs/tf_internals.md):
 
 * a pairwise exchange-and-sum (see `plan.py`) is one 2-member
   ``CollectiveReduceV2``, ordered per device by an ordering token;

@@ -1,6 +1,6 @@
 """Tensor fusion: many gradients -> a few flat buffers per dtype -> back again.
 
-Collectives have a fixed cost per round (TF_NOTES.md section 3), so the
+Collectives have a fixed cost per round (docs/tf_internals.md), so the
 strategy reduces a few large flat buffers instead of many small tensors.
 Tensors are grouped by dtype (one buffer holds one dtype), then packed with
 TF's own rule for `CommunicationOptions.bytes_per_pack`

@@ -7,7 +7,7 @@ installs every patch and lists them; the private classes come from
 `tfdist_ext._compat`); they change nothing for any other strategy:
 
 * `TFOptimizer._backend_update_step`: the runner's `update_step` replaces
-  "all-reduce gradients, then apply" (TF_NOTES.md section 1).
+  "all-reduce gradients, then apply" (docs/tf_internals.md).
 * `TensorFlowTrainer.make_train_function`: lets the runner wrap the model's
   train step (model averaging), and, for relaxed policies, runs the train
   function with `Strategy.reduce` kept on this worker (`sync.runner`); with

@@ -1,7 +1,7 @@
 """Every Keras and TF method tfdist_ext replaces, listed and installed here only.
 
 Keras 3 offers no seam for what a distribution strategy has to change in
-`fit` (TF_NOTES.md section 1), so tfdist_ext wraps a few Keras methods, most
+`fit` (docs/tf_internals.md), so tfdist_ext wraps a few Keras methods, most
 of them private. The wrappers live beside the feature they serve; this module
 is the one place that assigns them, when the first `tfdist_ext.Strategy` is
 made (`install`). Each wrapper calls the original and changes nothing for

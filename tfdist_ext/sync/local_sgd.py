@@ -249,7 +249,7 @@ class _LocalSGDRunner(PolicyRunner):
 
     def _warmup_merge(self, strategy, step, grads, local):
         step = strategy.experimental_local_results(step)[0]  # equal on all replicas
-        # In cross-replica context (TF_NOTES.md section 1): every replica takes
+        # In cross-replica context (docs/tf_internals.md): every replica takes
         # the same branch, so the all-reduce in it is issued by all or none.
         def reduced():
             return strategy.extended.batch_reduce_to(
