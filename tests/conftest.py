@@ -8,6 +8,7 @@ created here, before any test runs.
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +45,17 @@ def launch(num_workers, args, timeout=300, extra_env=None, options=()):
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout + 30,
         check=False)
     return result.returncode, result.stdout + result.stderr, time.monotonic() - start
+
+
+def end_processes(processes, files=()):
+    """Kills what is left of `processes` (continuing stopped ones first) and closes `files`."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+        process.wait()
+    for file in files:
+        file.close()
 
 
 def read_worker_json(directory, num_workers, name="w{worker}.json"):

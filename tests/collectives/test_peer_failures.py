@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, launch
+from conftest import ROOT, end_processes, launch
 from tfdist_ext.launch import free_ports, tf_configs
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -72,13 +72,7 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig, engine):
         assert tf_first or ("server is gone" if sig == signal.SIGKILL
                             else "no answer to 2 health checks") in out, out[-3000:]
     finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGCONT)
-                worker.kill()
-            worker.wait()
-        for f in files:
-            f.close()
+        end_processes(workers, files)
 
 
 @NO_UCX

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tfdist_ext
-from conftest import ROOT, launch
+from conftest import ROOT, end_processes, launch
 from tfdist_ext import cluster
 from tfdist_ext.elastic import Elastic
 from tfdist_ext.elastic import options as elastic_options
@@ -174,6 +174,20 @@ def test_the_environment_turns_it_on_for_an_unchanged_script():
         elastic_options.get(None, {"TFDIST_ELASTIC": "yes"})
 
 
+def _removed_in_time(out, removed, survivors, seconds=10):
+    """The survivors' results: each removed `removed` once, within `seconds` of the time
+    in OUT/killed.txt, and ended with the same weights; `removed` wrote no result."""
+    then = float((out / "killed.txt").read_text())
+    results = {i: json.loads((out / f"w{i}.json").read_text()) for i in survivors}
+    assert not (out / f"w{removed}.json").exists()
+    for r in results.values():
+        (failure,) = r["failures"]
+        assert failure["dead"] == [removed] and failure["members"] == survivors
+        assert failure["time"] - then < seconds, (failure, then)
+    assert len({r["sha"] for r in results.values()}) == 1
+    return results
+
+
 def _weights_sha(path):
     """The sha256 of a checkpoint of elastic_fit.py's MLP, hashed as the script hashes."""
     sys.path.insert(0, str(WORKER.parent))
@@ -218,26 +232,13 @@ def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp
         took = time.monotonic() - continued
         codes = [code] + [p.wait(timeout=240) for p in procs[1:]]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-                p.wait()
-        for f in files:
-            f.close()
+        end_processes(procs, files)
     texts = [log.read_text(errors="replace") for log in logs]
     assert codes[1:] == [0, 0] and codes[0] not in (0, None), [t[-3000:] for t in texts]
     assert took < 10, (took, texts[0][-3000:])
     assert ("worker 0 did not run for" in texts[0] and "the others removed it and went on "
             "without it as 2 worker(s) [1, 2]" in texts[0]), texts[0][-3000:]
-    stopped = float((out / "killed.txt").read_text())
-    results = {i: json.loads((out / f"w{i}.json").read_text()) for i in (1, 2)}
-    assert not (out / "w0.json").exists()
-    for r in results.values():
-        (failure,) = r["failures"]
-        assert failure["dead"] == [0] and failure["members"] == [1, 2]
-        assert failure["time"] - stopped < 10, (failure, stopped)
-    assert results[1]["sha"] == results[2]["sha"]
+    results = _removed_in_time(out, 0, [1, 2])
     assert "worker 1 is now the chief" in texts[1]
     assert _weights_sha(out / "ckpt-2.weights.h5") == results[1]["sha"]
 
@@ -257,14 +258,7 @@ def test_a_worker_cut_off_from_the_network_is_removed_and_stops_alone(tmp_path):
     assert "the job finished without worker(s) [2]" in out, out[-4000:]
     assert ("worker 2 cannot reach worker(s) [0, 1], which did not answer" in out
             and "not a majority" in out), out[-4000:]
-    cut = float((tmp_path / "killed.txt").read_text())
-    results = {i: json.loads((tmp_path / f"w{i}.json").read_text()) for i in (0, 1)}
-    assert not (tmp_path / "w2.json").exists()
-    for r in results.values():
-        (failure,) = r["failures"]
-        assert failure["dead"] == [2] and failure["members"] == [0, 1]
-        assert failure["time"] - cut < 10, (failure, cut)
-    assert results[0]["sha"] == results[1]["sha"]
+    _removed_in_time(tmp_path, 2, [0, 1])
 
 
 @NO_UCX
