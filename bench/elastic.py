@@ -58,6 +58,10 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="the random killer's seed")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--root", default=None,
+                        help="keep the jobs' logs and records here (default: a temporary "
+                             "folder); an uninterrupted job already recorded there with the "
+                             "same --workers and --epochs is reused")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT_DIR
@@ -113,9 +117,22 @@ def work(args):
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     curve = []
+    recovery = strategy.elastic
+
+    def note(kind, **fields):
+        """Appends an event to OUT_DIR/events.jsonl, which outlives a killed process."""
+        with open(out / "events.jsonl", "a", encoding="utf-8") as events:
+            events.write(json.dumps({"event": kind, "worker": me, "pid": os.getpid(),
+                                     "replacement": recovery.replacement,
+                                     "time": time.time(), **fields}) + "\n")
 
     class Log(keras.callbacks.Callback):
         steps = 0
+        seen = {"failures": 0, "joins": 0, "leaves": 0}
+        times = []
+
+        def on_train_begin(self, logs=None):
+            note("fit_start")
 
         def on_train_batch_begin(self, batch, logs=None):
             if (me, Log.steps) in args.kills:
@@ -125,6 +142,23 @@ def work(args):
         def on_train_batch_end(self, batch, logs=None):
             if logs and "loss" in logs:
                 curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
+            Log.times.append(time.time())
+            for kind, seen in Log.seen.items():
+                for change in getattr(recovery, kind)[seen:]:
+                    note(kind[:-1], change=change)
+                Log.seen[kind] = len(getattr(recovery, kind))
+            if len(Log.times) >= 100:
+                self.flush()
+
+        def on_train_end(self, logs=None):
+            self.flush()
+            note("fit_end")
+
+        @staticmethod
+        def flush():
+            with open(out / f"steps-{os.getpid()}.txt", "a", encoding="utf-8") as steps:
+                steps.write("".join(f"{t:.4f}\n" for t in Log.times))
+            Log.times = []
 
     kills = [tfdist_ext.elastic.KillAt(w, s) for w, s in args.kills]
     start = time.time()
@@ -182,6 +216,14 @@ def job(args, name, kills, out_root, killer=False):
             records[i] = json.loads(path.read_text())
     killed = {int(p.stem.split("-")[1]): float(p.read_text()) for p in out.glob("killed-*.txt")}
     return codes, records, (kills_done if killer else killed)
+
+
+def _recorded(out, workers):
+    """{worker: record} of a finished job in `out`, or None."""
+    paths = [out / f"w{i}.json" for i in range(workers)]
+    if not all(path.exists() for path in paths):
+        return None
+    return {i: json.loads(path.read_text()) for i, path in enumerate(paths)}
 
 
 def _random_kills(args, procs, start, out, deadline):
@@ -254,27 +296,29 @@ def summarize(args, whole, broken, killed, codes):
     }
 
 
-def summarize_random(args, whole, broken, kills, codes):
-    """The random killer's job: per kill, seconds to go on and to full size, steps lost.
+def summarize_random(args, whole, broken, kills, codes, out):
+    """The random killer's job: per kill, seconds to go on and to full size, steps lost;
+    the job's goodput.
 
-    Membership changes come from every worker's record (a replacement knows only
-    those after it joined), the curve and accuracy from the worker that ran longest.
+    Membership changes and the fit's start and end come from OUT/events.jsonl, which
+    every process of the job appended to (killed ones included); the curve and
+    accuracy from the worker that ran longest, the step rate from every process's
+    OUT/steps-PID.txt (per window, the process that completed the most steps).
     """
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     chief = min(broken.values(), key=lambda r: (r["replacement"], r["start"]))
     reference = whole[min(whole)]
     changes = {}
-    for record in broken.values():
-        for f in record["failures"]:
-            changes.setdefault(("failure", f["generation"]), f)
-        for j in record["joins"]:
-            changes.setdefault(("join", j["generation"]), j)
-    chief_failures = sorted((f for (kind, _), f in changes.items() if kind == "failure"),
-                            key=lambda f: f["generation"])
+    for e in events:
+        if e["event"] in ("failure", "join"):
+            changes.setdefault((e["event"], e["change"]["generation"]), e["change"])
+    all_failures = sorted((f for (kind, _), f in changes.items() if kind == "failure"),
+                          key=lambda f: f["generation"])
     joins = sorted((j for (kind, _), j in changes.items() if kind == "join"),
                    key=lambda j: j["generation"])
     failures, used, unmatched = [], set(), []
     for victim, when in kills:
-        failure = next((f for f in chief_failures if victim in f["dead"]
+        failure = next((f for f in all_failures if victim in f["dead"]
                         and f["generation"] not in used and f["time"] >= when - 1), None)
         if failure is None:  # e.g. killed before the fit began: nothing to recover
             unmatched.append({"worker": victim, "time": when})
@@ -287,18 +331,23 @@ def summarize_random(args, whole, broken, kills, codes):
             "seconds_to_full_size": None if join is None else join["time"] - when,
             "steps_lost": {"0": 1 + failure["skipped"]}})
     full = [f["seconds_to_full_size"] for f in failures if f["seconds_to_full_size"]]
+    began = min(e["time"] for e in events if e["event"] == "fit_start" and not e["replacement"])
+    ended = max(e["time"] for e in events if e["event"] == "fit_end")
     total = len(reference["curve"])  # the fit's steps (one loss per step)
-    lost = sum(f["steps_lost"]["0"] for f in failures)
-    goodput = (total - lost) / total * reference["seconds"] / chief["seconds"]
+    lost = sum(1 + f["skipped"] for f in all_failures)
+    goodput = (total - lost) / total * reference["seconds"] / (ended - began)
+    times = [[float(t) - began for t in path.read_text().split()]
+             for path in sorted(out.glob("steps-*.txt"))]
     return {
         "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
+        "failures_recorded": len(all_failures), "seconds": ended - began,
         "identical_weights": len({r.get("sha") for r in broken.values()}) == 1,
-        "kill_times": [when - chief["start"] for _, when in kills],
+        "kill_times": [when - began for _, when in kills],
         "workers": args.workers, "mtbf": args.mtbf, "kills": len(kills),
         "epochs": args.epochs, "exit_codes": codes, "cores": os.cpu_count(),
         "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
                           "final_loss": reference["curve"][-1][2]},
-        "with_failures": {"accuracy": chief["accuracy"], "seconds": chief["seconds"],
+        "with_failures": {"accuracy": chief["accuracy"], "seconds": ended - began,
                           "final_loss": chief["curve"][-1][2], "survivors": sorted(broken),
                           "members": chief["members"], "worker": chief["worker"],
                           "accuracy_by_worker": {str(w): r["accuracy"]
@@ -312,23 +361,27 @@ def summarize_random(args, whole, broken, kills, codes):
         "mean_steps_lost": sum(f["steps_lost"]["0"] for f in failures) / max(len(failures), 1),
         "curves": {"uninterrupted": thin(reference["curve"]),
                    "with_failures": thin(chief["curve"])},
-        "step_rates": {"uninterrupted": step_rate(reference["curve"]),
-                       "with_failures": step_rate(chief["curve"])},
+        "step_rates": {"uninterrupted": step_rate([c[1] - reference["curve"][0][1]
+                                                   for c in reference["curve"]]),
+                       "with_failures": step_rate(*times)},
     }
 
 
-def step_rate(curve, window=5.0):
-    """(seconds from the first step, steps per second) over windows of `window` s."""
-    if not curve:
+def step_rate(*processes, window=5.0):
+    """(window middle, steps per second) over windows of `window` seconds, from each
+    process's step times (seconds from the fit's start): per window, the process that
+    completed the most steps (every member completes every step)."""
+    if not any(processes):
         return []
-    start, rates, steps = curve[0][1], [], 0
-    edge = start + window
-    for _, when, _ in curve:
-        while when >= edge:
-            rates.append((edge - start - window / 2, steps / window))
-            steps, edge = 0, edge + window
-        steps += 1
-    return rates
+    counts = {}
+    for times in processes:
+        per = {}
+        for t in times:
+            per[int(t // window)] = per.get(int(t // window), 0) + 1
+        for w, n in per.items():
+            counts[w] = max(counts.get(w, 0), n)
+    return [((w + 0.5) * window, counts.get(w, 0) / window)
+            for w in range(min(counts), max(counts) + 1)]
 
 
 def plot(result, path):
@@ -370,11 +423,13 @@ def main(argv=None):
         work(args)
         return 0
     import tempfile  # pylint: disable=import-outside-toplevel
-    root = pathlib.Path(tempfile.mkdtemp(prefix="tfdist-elastic-bench-"))
-    _, whole, _ = job(args, "uninterrupted", [], root)
+    root = pathlib.Path(args.root or tempfile.mkdtemp(prefix="tfdist-elastic-bench-"))
+    whole = _recorded(root / f"uninterrupted-w{args.workers}-e{args.epochs}", args.workers)
+    if whole is None:
+        _, whole, _ = job(args, f"uninterrupted-w{args.workers}-e{args.epochs}", [], root)
     if args.mtbf:
         return random_killer(args, whole, root)
-    codes, broken, killed = job(args, "with_failures", args.kills, root)
+    codes, broken, killed = job(args, f"with_failures-{int(time.time())}", args.kills, root)
     dead = {w for w, _ in args.kills}
     expected = [w for w in range(args.workers) if w not in dead]
     if sorted(whole) != list(range(args.workers)) or sorted(broken) != expected:
@@ -403,14 +458,15 @@ def _write(result, args):
 
 
 def random_killer(args, whole, root):
-    codes, broken, kills = job(args, "with_failures", [], root, killer=True)
+    name = f"with_failures-{int(time.time())}"
+    codes, broken, kills = job(args, name, [], root, killer=True)
     everyone = list(range(args.workers))
     if sorted(whole) != everyone or sorted(broken) != everyone or len(kills) < args.failures:
         print(f"FAIL: {len(kills)} of {args.failures} kills (raise --epochs if the job ended "
               f"first); finished: uninterrupted {sorted(whole)}, with failures "
               f"{sorted(broken)}; logs in {root}", flush=True)
         return 1
-    result = summarize_random(args, whole, broken, kills, codes)
+    result = summarize_random(args, whole, broken, kills, codes, root / name)
     for f in result["failures"]:
         print(f"worker(s) {f['dead']} killed at step {f['step']}: went on "
               f"{f['seconds_to_go_on']:.2f} s later, full size after "
