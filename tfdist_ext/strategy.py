@@ -361,9 +361,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         (keras-team/keras#20585): a reduction over `axis` of a rank-0 value is
         the plain cross-replica reduction, so `axis` is dropped for scalars.
         """
-
-        if (self._worker_local and tf.inside_function()) or self._local_logs or \
-                self._catching_up():  # Keras' reduce of a first batch (symbolic build)
+        def on_worker():
             return _compat.nest.map_structure(
                 lambda v: _reduce_on_worker(self, reduce_op, v, axis), value)
 
@@ -371,11 +369,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             leaf_axis = None if axis is None or _rank(v) == 0 else axis
             return super(Strategy, self).reduce(reduce_op, v, leaf_axis)
 
+        if (self._worker_local and tf.inside_function()) or self._local_logs or \
+                self._catching_up():  # Keras' reduce of a first batch (symbolic build)
+            return on_worker()
         if self.elastic is not None and not tf.inside_function():
-            # Keras reads its metrics (an all-reduce) between steps: a death there
-            # is survived too.
+            # Keras reads its metrics (an all-reduce) between steps: a death survived.
             return self.elastic.between_steps(
-                lambda: _compat.nest.map_structure(reduce_one, value))
+                lambda: _compat.nest.map_structure(reduce_one, value), on_worker)
         return _compat.nest.map_structure(reduce_one, value)
 
 

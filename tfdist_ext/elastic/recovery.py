@@ -279,17 +279,18 @@ class Recovery:
             if dead & set(self.members):
                 ucx_engine.abort(reason, later=False)
 
-    def between_steps(self, run):
-        """`run()`, an eager collective outside Keras' step functions (Keras reading
-        its metrics at an epoch end); after a death in it the survivors agree and run
-        it again among themselves, and the next step function retraces and
-        broadcasts rank 0's state (`state_stale`)."""
+    def between_steps(self, run, alone):
+        """`run()`, an eager collective outside Keras' step functions (Keras reading its
+        metrics at an epoch end); after a death in it the survivors agree and this
+        worker returns `alone()` (another survivor may have finished `run` before the
+        death: running it again would pair with that one's next collective); the next
+        step function retraces and broadcasts rank 0's state (`state_stale`)."""
         try:
             return run()
         except tf.errors.OpError as err:
             self.recover(err, self.steps)
             self.state_stale = True
-            return run()
+            return alone()
 
     def _running(self):
         """The members' state as the other members answer it (`fencing.members_state`)."""
