@@ -243,10 +243,16 @@ def _announce_exit(watcher: Watcher):
         # The script ended with an uncaught error after a peer died: its handlers and
         # `finally` blocks have run. TF's teardown (input pipelines, the coordination
         # service's shutdown with a dead peer) takes seconds more; skip it.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # pylint: disable=protected-access
+        exit_now(1)
+
+
+def exit_now(code: int):
+    """Ends the process with `code` at once, its logs and output flushed, skipping TF's
+    teardown (which waits for peers at the coordination service's shutdown)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
 
 
 def watch(spec, abort: Callable[[str, str], None],

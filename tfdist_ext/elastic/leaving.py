@@ -9,7 +9,7 @@ that someone asked. Then, between that step and the next:
 1. Every member writes whether it leaves into the members' meeting place
    (the leader's store) and reads everyone's answer (`agree`).
 2. The others go on as a new generation without the leavers
-   (`Recovery.leave`): no step is discarded, as every member finished the
+   (`leave`, through `Recovery.change`): no step is discarded, as every member finished the
    same one with the same weights; from the next batch the stayers share the
    global batch. Each then acknowledges (`acknowledge`).
 3. A leaver waits for the stayers' acknowledgements (its store may be the

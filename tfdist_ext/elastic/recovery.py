@@ -56,7 +56,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, coordination, liveness
+from tfdist_ext import _compat, liveness
 from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.elastic import (admission, beacon, fencing, health, joining, membership,
                                 state, store)
@@ -265,7 +265,6 @@ class Recovery:
         communicators made later work. A worker the members already went on without
         is ignored: its death must not fail their new communicators."""
         dead = {w for w in self._addresses if liveness.task_name("worker", w) == task}
-        kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
         if self.me in dead:
             try:
                 fencing.check_not_frozen(self.me, self.generation,
@@ -274,8 +273,9 @@ class Recovery:
                 self.frozen = removed
                 ucx_engine.abort(reason, later=False)
             return
+        kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
         with self._lock:
-            self._reported_dead.update((w, kind) for w in dead - {self.me})
+            self._reported_dead.update((w, kind) for w in dead)
             if dead & set(self.members):
                 ucx_engine.abort(reason, later=False)
 

@@ -15,14 +15,12 @@ that got it leaves and the others go on (`tfdist_ext.elastic.leaving`).
 """
 
 import functools
-import logging
-import os
-import sys
 import weakref
 
 import keras
 import tensorflow as tf
 
+from tfdist_ext import liveness
 from tfdist_ext.elastic import leaving
 
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
@@ -115,11 +113,7 @@ def _leave(recovery, model, progress, preemption):
         _recover(recovery, model, progress, err)
         return
     if outcome == "leave":
-        for handler in logging.getLogger("tfdist_ext").handlers + logging.getLogger().handlers:
-            handler.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # pylint: disable=protected-access  (no TF shutdown barrier to wait in)
+        liveness.exit_now(0)  # no TF shutdown barrier to wait in with the others
     if outcome == "stop":  # too few would be left: StopOnPreemption stops everyone
         progress.stop_everyone = True
         return
