@@ -44,8 +44,13 @@ def agree(kv_set: Callable, kv_get: Callable, prefix: str, me: int, members: Ite
 
 
 def acknowledge(kv_set: Callable, prefix: str, me: int):
-    """A stayer: it goes on without the leavers (they may end now)."""
-    kv_set(f"{prefix}/left/{me}", "1")
+    """A stayer: it goes on without the leavers (they may end now). The leaver whose
+    store holds the key may end as soon as the key is stored, before its answer reaches
+    this worker: a connection it closed then is no error."""
+    try:
+        kv_set(f"{prefix}/left/{me}", "1")
+    except ConnectionError:
+        pass
 
 
 def wait_acknowledged(kv_get: Callable, prefix: str, stayers: Iterable[int], seconds: float):
