@@ -19,7 +19,9 @@ both loss curves with the failures marked.
 exponentially distributed intervals of that mean it SIGKILLs a random worker
 that is in the job (worker 0 included), and starts it again with its
 TF_CONFIG after `tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
-replacement rejoins. Stops killing after `--failures`. Reported per failure as well: the
+replacement rejoins. It never kills the last worker in the job (a job of none
+would restart from a checkpoint, which this does not measure): a kill due then
+waits until a replacement is in. Stops killing after `--failures`. Reported per failure as well: the
 seconds from the kill to the job's return to full size; a kill no member recorded a
 failure for (one before the workers' fit began) is listed in `kills_without_failure`.
 Goodput (torchft's measure): the steps whose result was kept (all of the fit's
@@ -27,7 +29,13 @@ steps but the discarded and skipped ones) over the steps the uninterrupted job
 would have run in the same wall-clock time, i.e. (kept / total) x (uninterrupted
 seconds / seconds with failures); `identical_weights` says whether every worker
 ended with the same weights. The PNG's second panel is the step rate over time
-of both jobs with the kills marked.
+of both jobs with the kills marked. `admission_pauses`: per replacement's
+admission, the seconds the members did not step beyond their median step.
+
+`--cpus-per-worker C` caps every worker and replacement at C cores
+(`tfdist_ext.launch.cpucap`): on a machine with fewer cores than workers, the
+survivors of a failure would otherwise step faster than the full job, and
+goodput above 1 would follow.
 
 The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
 overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
@@ -35,6 +43,7 @@ overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -45,6 +54,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from elastic_report import plot, summarize, summarize_random  # noqa: E402  (bench/, above)
 
 
 def parse_args(argv=None):
@@ -58,6 +70,10 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="the random killer's seed")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--cpus-per-worker", type=float, default=0.0,
+                        help="cap each worker (and its replacements) at this many cores with "
+                             "a cgroup, so that a death does not speed up the others on a "
+                             "shared machine (root; 0: no cap)")
     parser.add_argument("--root", default=None,
                         help="keep the jobs' logs and records here (default: a temporary "
                              "folder); an uninterrupted job already recorded there with the "
@@ -186,6 +202,10 @@ def job(args, name, kills, out_root, killer=False):
     out.mkdir(parents=True, exist_ok=True)
     configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(args.workers)])
     kill = ",".join(f"{w}@{s}" for w, s in kills) or ""
+    from tfdist_ext.launch.cpucap import CpuCaps  # pylint: disable=import-outside-toplevel
+
+    caps = (CpuCaps(f"bench-{os.getpid()}-{time.monotonic_ns()}", args.cpus_per_worker)
+            if args.cpus_per_worker else contextlib.nullcontext())
 
     def start(i, tag=""):
         env = dict(os.environ, TF_CONFIG=configs[i], TFDIST_ELASTIC="1",
@@ -193,9 +213,17 @@ def job(args, name, kills, out_root, killer=False):
         command = [sys.executable, __file__, "--worker", str(out), "--workers",
                    str(args.workers), "--epochs", str(args.epochs), "--kill", kill]
         with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
-            return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
+            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT)
+        if args.cpus_per_worker:
+            caps.add(i, proc.pid)
+        return proc
 
+    with caps:
+        return _supervise(args, out, start, killer)
+
+
+def _supervise(args, out, start, killer):
     procs = [start(i) for i in range(args.workers)]
     deadline = time.monotonic() + args.timeout
     kills_done = _random_kills(args, procs, start, out, deadline) if killer else None
@@ -216,6 +244,11 @@ def job(args, name, kills, out_root, killer=False):
             records[i] = json.loads(path.read_text())
     killed = {int(p.stem.split("-")[1]): float(p.read_text()) for p in out.glob("killed-*.txt")}
     return codes, records, (kills_done if killer else killed)
+
+
+def uninterrupted_name(args):
+    cap = f"-c{args.cpus_per_worker:g}" if args.cpus_per_worker else ""
+    return f"uninterrupted-w{args.workers}-e{args.epochs}{cap}"
 
 
 def _recorded(out, workers):
@@ -245,8 +278,8 @@ def _random_kills(args, procs, start, out, deadline):
                 joined[i] = True
         ready = [i for i in range(len(procs)) if joined[i] is True
                  and procs[i].poll() is None]
-        if time.monotonic() < next_kill or not ready:
-            continue
+        if time.monotonic() < next_kill or len(ready) < 2:
+            continue  # the last member is never killed: a job of none restarts from a checkpoint
         victim = rng.choice(ready)
         procs[victim].kill()
         procs[victim].wait()
@@ -261,162 +294,6 @@ def _random_kills(args, procs, start, out, deadline):
     return kills
 
 
-def thin(curve, points=2000):
-    """Every k-th (step, time, loss) of `curve`, at most about `points` of them."""
-    return curve[::max(1, len(curve) // points)]
-
-
-def summarize(args, whole, broken, killed, codes):
-    lowest = min(broken)
-    failures = []
-    for failure in broken[lowest]["failures"]:
-        (dead,) = failure["dead"] if len(failure["dead"]) == 1 else (failure["dead"][0],)
-        lost = {w: 1 + next((f["skipped"] for f in r["failures"]
-                             if f["generation"] == failure["generation"]), 0)
-                for w, r in broken.items()}
-        failures.append({
-            "dead": failure["dead"], "step": failure["step"] - 1, "members": failure["members"],
-            "seconds_to_go_on": failure["time"] - killed[dead] if dead in killed else None,
-            "steps_lost": lost})
-    reference = whole[min(whole)]
-    return {
-        "workers": args.workers, "kills": args.kills, "epochs": args.epochs,
-        "exit_codes": codes, "cores": os.cpu_count(),
-        "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
-                          "final_loss": reference["curve"][-1][2]},
-        "with_failures": {"accuracy": broken[lowest]["accuracy"],
-                          "seconds": broken[lowest]["seconds"],
-                          "final_loss": broken[lowest]["curve"][-1][2],
-                          "survivors": sorted(broken)},
-        "accuracy_points_vs_uninterrupted": 100 * (broken[lowest]["accuracy"]
-                                                   - reference["accuracy"]),
-        "failures": failures,
-        "curves": {"uninterrupted": thin(reference["curve"]),
-                   "with_failures": thin(broken[lowest]["curve"])},
-    }
-
-
-def summarize_random(args, whole, broken, kills, codes, out):
-    """The random killer's job: per kill, seconds to go on and to full size, steps lost;
-    the job's goodput.
-
-    Membership changes and the fit's start and end come from OUT/events.jsonl, which
-    every process of the job appended to (killed ones included); the curve and
-    accuracy from the worker that ran longest, the step rate from every process's
-    OUT/steps-PID.txt (per window, the process that completed the most steps).
-    """
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    chief = min(broken.values(), key=lambda r: (r["replacement"], r["start"]))
-    reference = whole[min(whole)]
-    changes = {}
-    for e in events:
-        if e["event"] in ("failure", "join"):
-            changes.setdefault((e["event"], e["change"]["generation"]), e["change"])
-    all_failures = sorted((f for (kind, _), f in changes.items() if kind == "failure"),
-                          key=lambda f: f["generation"])
-    joins = sorted((j for (kind, _), j in changes.items() if kind == "join"),
-                   key=lambda j: j["generation"])
-    failures, used, unmatched = [], set(), []
-    for victim, when in kills:
-        failure = next((f for f in all_failures if victim in f["dead"]
-                        and f["generation"] not in used and f["time"] >= when - 1), None)
-        if failure is None:  # e.g. killed before the fit began: nothing to recover
-            unmatched.append({"worker": victim, "time": when})
-            continue
-        used.add(failure["generation"])
-        join = next((j for j in joins if victim in j["joined"] and j["time"] > when), None)
-        failures.append({
-            "dead": failure["dead"], "step": failure["step"] - 1,
-            "members": failure["members"], "seconds_to_go_on": failure["time"] - when,
-            "seconds_to_full_size": None if join is None else join["time"] - when,
-            "steps_lost": {"0": 1 + failure["skipped"]}})
-    full = [f["seconds_to_full_size"] for f in failures if f["seconds_to_full_size"]]
-    began = min(e["time"] for e in events if e["event"] == "fit_start" and not e["replacement"])
-    ended = max(e["time"] for e in events if e["event"] == "fit_end")
-    total = len(reference["curve"])  # the fit's steps (one loss per step)
-    lost = sum(1 + f["skipped"] for f in all_failures)
-    goodput = (total - lost) / total * reference["seconds"] / (ended - began)
-    times = [[float(t) - began for t in path.read_text().split()]
-             for path in sorted(out.glob("steps-*.txt"))]
-    return {
-        "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
-        "failures_recorded": len(all_failures), "seconds": ended - began,
-        "identical_weights": len({r.get("sha") for r in broken.values()}) == 1,
-        "kill_times": [when - began for _, when in kills],
-        "workers": args.workers, "mtbf": args.mtbf, "kills": len(kills),
-        "epochs": args.epochs, "exit_codes": codes, "cores": os.cpu_count(),
-        "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
-                          "final_loss": reference["curve"][-1][2]},
-        "with_failures": {"accuracy": chief["accuracy"], "seconds": ended - began,
-                          "final_loss": chief["curve"][-1][2], "survivors": sorted(broken),
-                          "members": chief["members"], "worker": chief["worker"],
-                          "accuracy_by_worker": {str(w): r["accuracy"]
-                                                 for w, r in sorted(broken.items())}},
-        "accuracy_points_vs_uninterrupted": 100 * (chief["accuracy"] - reference["accuracy"]),
-        "failures": failures,
-        "kills_without_failure": unmatched,
-        "mean_seconds_to_go_on": sum(f["seconds_to_go_on"] for f in failures)
-        / max(len(failures), 1),
-        "mean_seconds_to_full_size": sum(full) / len(full) if full else None,
-        "mean_steps_lost": sum(f["steps_lost"]["0"] for f in failures) / max(len(failures), 1),
-        "curves": {"uninterrupted": thin(reference["curve"]),
-                   "with_failures": thin(chief["curve"])},
-        "step_rates": {"uninterrupted": step_rate([c[1] - reference["curve"][0][1]
-                                                   for c in reference["curve"]]),
-                       "with_failures": step_rate(*times)},
-    }
-
-
-def step_rate(*processes, window=5.0):
-    """(window middle, steps per second) over windows of `window` seconds, from each
-    process's step times (seconds from the fit's start): per window, the process that
-    completed the most steps (every member completes every step)."""
-    if not any(processes):
-        return []
-    counts = {}
-    for times in processes:
-        per = {}
-        for t in times:
-            per[int(t // window)] = per.get(int(t // window), 0) + 1
-        for w, n in per.items():
-            counts[w] = max(counts.get(w, 0), n)
-    return [((w + 0.5) * window, counts.get(w, 0) / window)
-            for w in range(min(counts), max(counts) + 1)]
-
-
-def plot(result, path):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    rates = result.get("step_rates")
-    fig, axes = plt.subplots(2 if rates else 1, 1, figsize=(7, 6 if rates else 3.5))
-    ax = axes[0] if rates else axes
-    if rates:
-        for name, points in rates.items():
-            axes[1].plot([p[0] for p in points], [p[1] for p in points], label=name, lw=1)
-        for when in result["kill_times"]:
-            axes[1].axvline(when, color="red", ls="--", lw=0.6)
-        axes[1].set(xlabel="seconds from the fit's start (red: a kill)",
-                    ylabel="training steps / s (5 s windows)",
-                    title=f"goodput {result['goodput']:.3f} ({len(result['failures'])} "
-                          f"failures, mean interval {result['mtbf']:g} s)")
-        axes[1].legend(fontsize=7)
-    for name, curve in result["curves"].items():
-        ax.plot([c[0] for c in curve], [c[2] for c in curve], label=name, lw=1)
-    ax.set_yscale("log")
-    for i, f in enumerate(result["failures"]):
-        ax.axvline(f["step"], color="red", ls="--", lw=0.8)
-        ax.text(f["step"], ax.get_ylim()[1] * 0.6 ** (i % 4), f" worker {f['dead']} killed",
-                color="red", fontsize=7, va="top")
-    ax.set(xlabel="training step", ylabel="loss (running mean of the epoch, log)",
-           title=f"{result['workers']} workers, elastic: accuracy "
-                 f"{result['with_failures']['accuracy']:.3f} with failures, "
-                 f"{result['uninterrupted']['accuracy']:.3f} without")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -424,9 +301,9 @@ def main(argv=None):
         return 0
     import tempfile  # pylint: disable=import-outside-toplevel
     root = pathlib.Path(args.root or tempfile.mkdtemp(prefix="tfdist-elastic-bench-"))
-    whole = _recorded(root / f"uninterrupted-w{args.workers}-e{args.epochs}", args.workers)
+    whole = _recorded(root / uninterrupted_name(args), args.workers)
     if whole is None:
-        _, whole, _ = job(args, f"uninterrupted-w{args.workers}-e{args.epochs}", [], root)
+        _, whole, _ = job(args, uninterrupted_name(args), [], root)
     if args.mtbf:
         return random_killer(args, whole, root)
     codes, broken, killed = job(args, f"with_failures-{int(time.time())}", args.kills, root)
