@@ -5,30 +5,17 @@ test_membership.py); the fits run as plain TF_CONFIG processes or under the
 launcher, three or four workers, one SIGKILLed at a chosen step.
 """
 
-import hashlib
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 
-import numpy as np
 import pytest
 
 import tfdist_ext
-from conftest import ROOT, end_processes, launch
+from conftest import launch
+from elastic_jobs import NO_UCX, WORKER, run_job
 from tfdist_ext import cluster
 from tfdist_ext.elastic import Elastic
 from tfdist_ext.elastic import options as elastic_options
-from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS
-from tfdist_ext.launch import free_ports, tf_configs
-from tfdist_ext.ops import ucx as ucx_ops
 from tfdist_ext.strategy_config import StrategyConfig
-
-WORKER = ROOT / "tests" / "workers" / "elastic_fit.py"
-NO_UCX = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")
 
 
 @pytest.mark.parametrize("value, message", [
@@ -62,48 +49,10 @@ def test_one_process_has_nothing_to_survive():
     assert strategy.elastic is None
 
 
-def _start(configs, index, out, log, *args, env=None):
-    env = dict(os.environ, TF_CONFIG=configs[index], PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.Popen([sys.executable, str(WORKER), str(out), *map(str, args)], env=env,
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _run_job(tmp_path, name, kill_worker, kill_step, workers=3, extra=(), restart=False):
-    """Runs the job; with `restart`, starts the killed worker again (same TF_CONFIG,
-    nobody killed) once it died: its exit code and log are the last ones."""
-    out = tmp_path / name
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
-    logs = [out / f"w{i}.log" for i in range(workers)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
-    env = {"TFDIST_ELASTIC": "1", "WAIT_REJOIN": "1"} if restart else None
-    procs = [_start(configs, i, out, files[i], kill_worker, kill_step, *extra, env=env)
-             for i in range(workers)]
-    try:
-        if restart:
-            procs[kill_worker].wait(timeout=240)
-            time.sleep(REPLACEMENT_DELAY_SECONDS)  # the survivors notice the death first
-            logs.append(out / f"w{kill_worker}-replacement.log")
-            files.append(open(logs[-1], "w", encoding="utf-8"))  # pylint: disable=consider-using-with
-            procs.append(_start(configs, kill_worker, out, files[-1], -1, -1, *extra, env=env))
-        codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in files:
-            f.close()
-    texts = [log.read_text(errors="replace") for log in logs]
-    results = {i: json.loads((out / f"w{i}.json").read_text())
-               for i in range(workers) if (out / f"w{i}.json").exists()}
-    return codes, texts, results
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The rejoin tests' job with nobody killed: worker 0's result."""
-    codes, texts, whole = _run_job(tmp_path_factory.mktemp("elastic"), "whole",
+    codes, texts, whole = run_job(tmp_path_factory.mktemp("elastic"), "whole",
                                    kill_worker=-1, kill_step=-1)
     assert codes == [0, 0, 0], [t[-3000:] for t in texts]
     assert all(r["failures"] == [] for r in whole.values())
@@ -116,7 +65,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize("killed", [2, 0])
 def test_a_killed_worker_started_again_rejoins_and_all_end_alike(tmp_path, killed,
                                                                  uninterrupted):
-    codes, texts, results = _run_job(tmp_path, "killed", kill_worker=killed, kill_step=10,
+    codes, texts, results = run_job(tmp_path, "killed", kill_worker=killed, kill_step=10,
                                      restart=True)
     assert codes[killed] == -9, texts[killed][-2000:]  # SIGKILL
     survivors = [w for w in range(3) if w != killed]
@@ -174,93 +123,6 @@ def test_the_environment_turns_it_on_for_an_unchanged_script():
         elastic_options.get(None, {"TFDIST_ELASTIC": "yes"})
 
 
-def _removed_in_time(out, removed, survivors, seconds=10):
-    """The survivors' results: each removed `removed` once, within `seconds` of the time
-    in OUT/killed.txt, and ended with the same weights; `removed` wrote no result."""
-    then = float((out / "killed.txt").read_text())
-    results = {i: json.loads((out / f"w{i}.json").read_text()) for i in survivors}
-    assert not (out / f"w{removed}.json").exists()
-    for r in results.values():
-        (failure,) = r["failures"]
-        assert failure["dead"] == [removed] and failure["members"] == survivors
-        assert failure["time"] - then < seconds, (failure, then)
-    assert len({r["sha"] for r in results.values()}) == 1
-    return results
-
-
-def _weights_sha(path):
-    """The sha256 of a checkpoint of elastic_fit.py's MLP, hashed as the script hashes."""
-    sys.path.insert(0, str(WORKER.parent))
-    try:
-        import elastic_fit  # pylint: disable=import-outside-toplevel
-    finally:
-        sys.path.pop(0)
-    model = elastic_fit.build("mlp")
-    model.load_weights(path)
-    return hashlib.sha256(b"".join(np.asarray(w).tobytes()
-                                   for w in model.get_weights())).hexdigest()
-
-
-@NO_UCX
-@pytest.mark.multiworker
-@pytest.mark.alone
-def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp_path):
-    """SIGSTOP to worker 0 (the chief): the others remove it within 10 s and go on;
-    SIGCONT once they have: it finds from its own clock that it stood still, asks the
-    members, exits non-zero naming what happened, and the checkpoints stay theirs."""
-    out = tmp_path / "stop"
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
-    logs = [out / f"w{i}.log" for i in range(3)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
-    # The survivors wait 1 s per step while short (at most 8 s): the job still runs
-    # when the stopped worker continues.
-    env = {"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "8"}
-    procs = [_start(configs, i, out, files[i], 0, 10, 2, "mlp", "sigstop", env=env)
-             for i in range(3)]
-    try:
-        deadline = time.monotonic() + 120
-        while "go on (generation" not in logs[1].read_text(errors="replace"):
-            assert time.monotonic() < deadline and procs[1].poll() is None, \
-                logs[1].read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-        assert procs[0].poll() is None
-        time.sleep(1)
-        procs[0].send_signal(signal.SIGCONT)
-        continued = time.monotonic()
-        code = procs[0].wait(timeout=60)
-        took = time.monotonic() - continued
-        codes = [code] + [p.wait(timeout=240) for p in procs[1:]]
-    finally:
-        end_processes(procs, files)
-    texts = [log.read_text(errors="replace") for log in logs]
-    assert codes[1:] == [0, 0] and codes[0] not in (0, None), [t[-3000:] for t in texts]
-    assert took < 10, (took, texts[0][-3000:])
-    assert ("worker 0 did not run for" in texts[0] and "the others removed it and went on "
-            "without it as 2 worker(s) [1, 2]" in texts[0]), texts[0][-3000:]
-    results = _removed_in_time(out, 0, [1, 2])
-    assert "worker 1 is now the chief" in texts[1]
-    assert _weights_sha(out / "ckpt-2.weights.h5") == results[1]["sha"]
-
-
-@NO_UCX
-@pytest.mark.multiworker
-@pytest.mark.alone
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-                    reason="network namespaces need root and iproute2")
-def test_a_worker_cut_off_from_the_network_is_removed_and_stops_alone(tmp_path):
-    """Worker 2 takes its emulated host's link down (tfdist-run --link-bandwidth):
-    the two that still reach each other remove it within 10 s and finish; it sees
-    the other two silent, is no majority, and exits naming the quorum rule."""
-    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 2, "mlp", "netcut"], timeout=200,
-                          options=["--elastic", "--link-bandwidth", "10gbit"])
-    assert code == 0, out[-4000:]
-    assert "the job finished without worker(s) [2]" in out, out[-4000:]
-    assert ("worker 2 cannot reach worker(s) [0, 1], which did not answer" in out
-            and "not a majority" in out), out[-4000:]
-    _removed_in_time(tmp_path, 2, [0, 1])
-
-
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
@@ -270,7 +132,7 @@ def test_a_worker_sent_sigterm_leaves_and_no_step_is_discarded(tmp_path, leaver,
     """A scheduler's preemption (SIGTERM) of one worker, the chief too: it exits 0 after
     the next step, the others go on at once without discarding a step, train every
     global batch and end alike, and the next chief writes the checkpoints."""
-    codes, texts, results = _run_job(tmp_path, "leave", kill_worker=leaver, kill_step=10,
+    codes, texts, results = run_job(tmp_path, "leave", kill_worker=leaver, kill_step=10,
                                      extra=(4, "mlp", "sigterm"))
     assert codes == [0, 0, 0], [t[-3000:] for t in texts]
     assert "leaves the job after the next training step" in texts[leaver]
@@ -303,7 +165,7 @@ def test_a_worker_sent_sigterm_leaves_and_no_step_is_discarded(tmp_path, leaver,
 def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path, kill_step):
     # 4 epochs of 27 steps: step 10 is in epoch 1, before the first checkpoint; step
     # 107 is the fit's last.
-    codes, texts, results = _run_job(tmp_path, "chief", kill_worker=0, kill_step=kill_step)
+    codes, texts, results = run_job(tmp_path, "chief", kill_worker=0, kill_step=kill_step)
     assert codes[0] == -9 and codes[1:] == [0, 0], [t[-3000:] for t in texts]
     second, third = results[1], results[2]
     assert second["sha"] == third["sha"] and second["members"] == third["members"] == [1, 2]
@@ -323,7 +185,7 @@ def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path, k
 @pytest.mark.multiworker
 @pytest.mark.alone
 def test_a_death_during_validation_is_survived(tmp_path):
-    codes, texts, results = _run_job(tmp_path, "validation", kill_worker=2, kill_step=5,
+    codes, texts, results = run_job(tmp_path, "validation", kill_worker=2, kill_step=5,
                                      extra=(4, "mlp", "test"))
     assert codes[2] == -9 and codes[:2] == [0, 0], [t[-3000:] for t in texts]
     first, second = results[0], results[1]
@@ -339,7 +201,7 @@ def test_a_death_during_validation_is_survived(tmp_path):
 def test_a_death_during_the_recovery_makes_the_survivors_agree_again(tmp_path):
     # Worker 3 dies at step 10; worker 0, the survivors' leader, dies once it has read
     # their reports: workers 1 and 2 lose their meeting place and agree again.
-    codes, texts, results = _run_job(tmp_path, "twice", kill_worker=3, kill_step=10,
+    codes, texts, results = run_job(tmp_path, "twice", kill_worker=3, kill_step=10,
                                      workers=4, extra=(4, "mlp", "recovery"))
     assert codes[0] == -9 and codes[3] == -9 and codes[1:3] == [0, 0], \
         [t[-3000:] for t in texts]
@@ -362,7 +224,7 @@ def test_a_death_before_the_wire_up_of_new_communicators_is_survived_in_seconds(
     # Worker 2 dies at step 10; worker 1 dies once the survivors agreed, before it
     # publishes its address for their new communicators. Worker 0 gives up waiting for
     # it when the watcher finds it dead (it used to wait the rendezvous' 300 s).
-    codes, texts, results = _run_job(tmp_path, "wire-up", kill_worker=2, kill_step=10,
+    codes, texts, results = run_job(tmp_path, "wire-up", kill_worker=2, kill_step=10,
                                      extra=(2, "mlp", "wire-up"))
     assert codes == [0, -9, -9], [t[-3000:] for t in texts]
     first = results[0]
@@ -379,7 +241,7 @@ def test_a_death_before_the_wire_up_of_new_communicators_is_survived_in_seconds(
 def test_a_death_while_keras_reads_its_metrics_at_an_epoch_end_is_survived(tmp_path):
     # Worker 2 dies after the last batch of epoch 1 (27 batches): the others are in
     # Keras' epoch-end reading of its metrics, an all-reduce outside the step functions.
-    codes, texts, results = _run_job(tmp_path, "epoch_end", kill_worker=2, kill_step=26,
+    codes, texts, results = run_job(tmp_path, "epoch_end", kill_worker=2, kill_step=26,
                                      extra=(4, "mlp", "epoch_end"))
     assert codes[2] == -9 and codes[:2] == [0, 0], [t[-3000:] for t in texts]
     first, second = results[0], results[1]
@@ -442,69 +304,6 @@ def test_a_member_dying_while_a_replacement_joins_leaves_the_replacement_running
     assert [f["dead"] for f in results[2]["failures"]] == [[1]], results[2]["failures"]
     assert [f["dead"] for f in results[0]["failures"]] == [[2], [1]], results[0]["failures"]
     assert results[0]["members"] == [0, 2, 1]
-
-
-@NO_UCX
-@pytest.mark.multiworker
-@pytest.mark.alone
-def test_benchmark_reports_each_failure(tmp_path):
-    out = tmp_path / "elastic.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--kill", "1@5",
-         "--epochs", "1", "--json", str(out), "--png", str(tmp_path / "elastic.png")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    (failure,) = report["failures"]
-    assert failure["dead"] == [1] and failure["step"] == 5 and failure["members"] == [0]
-    assert 0 < failure["seconds_to_go_on"] < 10 and failure["steps_lost"] == {"0": 1}
-    assert report["with_failures"]["survivors"] == [0]
-    assert abs(report["accuracy_points_vs_uninterrupted"]) < 100
-    assert len(report["curves"]["with_failures"]) == len(report["curves"]["uninterrupted"])
-    assert (tmp_path / "elastic.png").stat().st_size > 1000
-
-
-@NO_UCX
-@pytest.mark.multiworker
-@pytest.mark.alone
-def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
-    out = tmp_path / "random.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--mtbf", "2",
-         "--failures", "1", "--epochs", "150", "--json", str(out),
-         "--png", str(tmp_path / "random.png")],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    (failure,) = report["failures"]
-    assert report["kills_without_failure"] == []
-    (victim,) = failure["dead"]
-    assert failure["members"] == [1 - victim]
-    assert 0 < failure["seconds_to_go_on"] < 10
-    # The replacement starts 2 s after the kill and is taken in after a step.
-    assert REPLACEMENT_DELAY_SECONDS < failure["seconds_to_full_size"] < 120, failure
-    assert report["with_failures"]["members"] == [1 - victim, victim]
-    assert report["mean_steps_lost"] >= 1
-    # Goodput: the kept steps over what the uninterrupted job ran in the same time.
-    assert report["identical_weights"] is True
-    assert report["steps_lost_total"] == sum(f["steps_lost"]["0"] for f in report["failures"])
-    kept = 1 - report["steps_lost_total"] / report["steps_total"]
-    assert report["goodput"] == pytest.approx(kept * report["uninterrupted"]["seconds"]
-                                              / report["with_failures"]["seconds"])
-    assert 0 < report["goodput"] < 2 and report["step_rates"]["with_failures"]
-    # The members' pause at the replacement's admission, beyond a typical step.
-    (pause,) = report["admission_pauses"]
-    assert 0 < pause < 30 and 0 < report["median_step_seconds"] < 1
-    assert (tmp_path / "random.png").stat().st_size > 1000
-
-
-def test_benchmark_refuses_a_kill_that_leaves_nobody():
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers",
-                             "2", "--kill", "0@1,1@2"], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT, check=False)
-    assert result.returncode == 2 and "at least one worker must survive" in result.stderr
 
 
 def test_a_cluster_with_a_chief_job_is_refused():

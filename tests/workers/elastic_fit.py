@@ -17,7 +17,8 @@ worker and wired up with it, before the state broadcast; "wire-up": as "train", 
 its address for their new communicators; "sigterm": as "train", but worker
 KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
 "sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
-test to continue it; "netcut": under `tfdist-run --link-bandwidth`, worker
+test to continue it; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
+and worker KILL_WORKER sleeps 50 ms before each training step from KILL_STEP on; "netcut": under `tfdist-run --link-bandwidth`, worker
 KILL_WORKER takes its namespace's link down instead, and stays cut off);
 worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
@@ -123,7 +124,8 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     started = time.time()
     pid = os.getpid()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    strategy = tfdist_ext.Strategy(elastic=True)
+    strategy = tfdist_ext.Strategy(elastic={"straggler_factor": 3, "straggler_steps": 10}
+                                   if phase == "straggler" else True)
     x, y, x_test, y_test = data()
     if model_name == "embedding":  # features quantized into 16 tokens
         x, x_test = (np.clip(np.round(v * 2) + 8, 0, 15).astype("int32") for v in (x, x_test))
@@ -171,7 +173,12 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
                                        phase=kill_phase)]
-            if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut") else [])
+            if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut", "straggler")
+            else [])
+    if phase == "straggler" and index == int(kill_worker):
+        kill.append(keras.callbacks.LambdaCallback(  # slow from step KILL_STEP on
+            on_train_batch_begin=lambda batch, logs: time.sleep(0.05)
+            if batch >= int(kill_step) else None))
     if phase == "netcut":
         kill = [CutOff(out_dir, int(kill_step))] if index == int(kill_worker) else []
     if phase == "epoch_end" and index == int(kill_worker):

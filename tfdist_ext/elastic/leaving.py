@@ -59,13 +59,15 @@ def wait_acknowledged(kv_get: Callable, prefix: str, stayers: Iterable[int], sec
         kv_get(f"{prefix}/left/{worker}", seconds)
 
 
-def leave(recovery, steps: int, leaving: bool) -> str:
+def leave(recovery, steps: int, leaving: bool, reason: str = "asked to stop") -> str:
     """Every member, after the step whose all-reduce carried a stop request.
 
     Args:
         recovery: The strategy's `tfdist_ext.elastic.recovery.Recovery`.
         steps: Training steps this worker ran in this `fit` (the same on every member).
         leaving: Whether this worker was asked to stop.
+        reason: Why the leavers leave, for the logs ("asked to stop", or "a
+            straggler" for one `tfdist_ext.elastic.stragglers` found).
 
     Returns:
         "leave" (this worker ends now), "stay" (it goes on without the leavers)
@@ -86,14 +88,15 @@ def leave(recovery, steps: int, leaving: bool) -> str:
         return "stop"
     if leaving:
         wait_acknowledged(kv.get, prefix, stayers, seconds)
-        log.warning("tfdist_ext: worker %d leaves the job after step %d (asked to stop); "
-                    "%d worker(s) %s go on.", recovery.me, steps, len(stayers), list(stayers))
+        log.warning("tfdist_ext: worker %d leaves the job after step %d (%s); "
+                    "%d worker(s) %s go on.", recovery.me, steps, reason, len(stayers),
+                    list(stayers))
         return "leave"
     recovery.change(generation, stayers)
     acknowledge(kv.set, prefix, recovery.me)
     recovery.leaves.append({"generation": generation, "step": steps, "left": leavers,
-                            "members": list(stayers), "time": time.time()})
-    log.warning("tfdist_ext: worker(s) %s left after step %d (asked to stop); %d worker(s) %s "
-                "go on (generation %d), no step discarded.", leavers, steps, len(stayers),
-                list(stayers), generation)
+                            "members": list(stayers), "time": time.time(), "reason": reason})
+    log.warning("tfdist_ext: worker(s) %s left after step %d (%s); %d worker(s) %s "
+                "go on (generation %d), no step discarded.", leavers, steps, reason,
+                len(stayers), list(stayers), generation)
     return "stay"

@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import os
+from typing import Optional
 
 VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run --elastic`)
 # A replacement started sooner after the death than the survivors notice it
@@ -37,11 +38,19 @@ class Elastic:
             dead one's TF_CONFIG) waits to be taken in; the members admit it
             after their next step, so raise it only for steps that take
             minutes.
+        straggler_factor: Off (None) by default. A number F > 1: a worker whose
+            busy time per step is at least F times the other members' median for
+            `straggler_steps` steps in a row leaves the job
+            (`tfdist_ext.elastic.stragglers`); 3 is a good start.
+        straggler_steps: K, the steps in a row (>= 1) that make a straggler;
+            larger ignores longer hiccups.
     """
 
     min_workers: int = 1
     recover_seconds: float = 60.0
     join_seconds: float = 300.0
+    straggler_factor: Optional[float] = None
+    straggler_steps: int = 20
 
     def __post_init__(self):
         if (isinstance(self.min_workers, bool) or not isinstance(self.min_workers, int)
@@ -54,6 +63,15 @@ class Elastic:
                     or not math.isfinite(value) or value <= 0):
                 raise ValueError(f"`{name}` of Elastic must be a finite number > 0; "
                                  f"received {value!r}.")
+        factor = self.straggler_factor
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not math.isfinite(factor) or factor <= 1):
+            raise ValueError(f"`straggler_factor` of Elastic must be None (off) or a finite "
+                             f"number > 1, e.g. 3; received {factor!r}.")
+        steps = self.straggler_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"`straggler_steps` of Elastic must be an integer >= 1; "
+                             f"received {steps!r}.")
 
     def check(self, config, spec=None):
         """Raises ValueError unless the strategy's other choices can run elastically.
@@ -119,5 +137,6 @@ def get(value, environ=os.environ):
                              f"{sorted(fields)}.")
         return Elastic(**value)
     raise ValueError(f"Argument `elastic` must be True, False, a dict of options "
-                     f"(min_workers, recover_seconds, join_seconds) or tfdist_ext.elastic.Elastic; "
+                     f"({', '.join(f.name for f in dataclasses.fields(Elastic))}) or "
+                     f"tfdist_ext.elastic.Elastic; "
                      f"received {value!r}.")

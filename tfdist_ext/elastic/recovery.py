@@ -31,10 +31,8 @@ Where Keras reads each worker's part of every global batch through a plain
 global batch among themselves from the next batch on: the global batch keeps
 its size. Otherwise each survivor keeps its shard and per-replica batch, and a
 dead worker's share of the rest of the `fit` is not trained on. Either way the
-gradient is the mean over the samples the members computed.
-
-The same holds for a test step (`evaluate`, or `fit`'s validation): the
-failed batch is left out of the metrics.
+gradient is the mean over the samples the members computed. A failed test step's
+batch (`evaluate`, `fit`'s validation) is left out of the metrics.
 
 A replacement (the dead worker's script started again with its TF_CONFIG)
 finds the members (`beacon`), asks to join and waits (`join`, `joining`); the
@@ -43,8 +41,7 @@ generation with the replacement ranked last (the chief stays the chief), rank
 0's state broadcast to everyone (`state`), and the replacement's `fit` resumes
 at the members' epoch and batch. A death during a recovery or an admission
 makes the survivors agree again (`recover`, `recover_and_share`). A worker sent
-SIGTERM leaves after a step instead (`leaving`). Not covered: sync policies
-other than "sync".
+SIGTERM, or found a straggler (`stragglers`), leaves after a step (`leaving`).
 """
 
 import contextlib
@@ -59,7 +56,7 @@ import tensorflow as tf
 from tfdist_ext import _compat, liveness
 from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.elastic import (admission, beacon, fencing, health, joining, membership,
-                                state, store)
+                                state, store, stragglers)
 
 log = logging.getLogger("tfdist_ext")
 RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
@@ -83,14 +80,13 @@ class Recovery:
             "time" (`time.time()` then).
         joins: One dict per admission of replacement workers: "generation",
             "step", "joined" (their indices), "members" and "time".
-        leaves: One dict per departure of workers asked to stop
-            (`tfdist_ext.elastic.leaving`): "generation", "step", "left",
-            "members" and "time".
-        replacement: Whether this process replaces a dead worker (it joined a
-            running job).
+        leaves: One dict per departure (`leaving`): "generation", "step", "left",
+            "members", "time" and "reason".
+        replacement: Whether this process joined a running job (a replacement).
         join_flag, join_agreed: float32 variables: a join request this worker
             (the members' leader) saw, and the members' sum of it in the last
             step (`admission.Requests`).
+        stragglers: The `stragglers.Monitor`, or None (`straggler_factor` off).
     """
 
     def __init__(self, strategy, options, key_prefix):
@@ -131,6 +127,8 @@ class Recovery:
             self._store, self._prefix, lambda: self.members,
             lambda: not self.joining and self.members[0] == self.me)
         self.join_flag, self.join_agreed = self._requests.flag, self._requests.agreed
+        self.stragglers = None if options.straggler_factor is None else stragglers.Monitor(
+            self.me, len(self._addresses), options.straggler_factor, options.straggler_steps)
 
     def _beacon_state(self):
         return {"stores": {str(w): a for w, a in self._stores.items()},
@@ -217,6 +215,8 @@ class Recovery:
                                                self._meeting())
         self._split[0].assign(rank)
         self._split[1].assign(len(members))
+        if self.stragglers is not None:
+            self.stragglers.reset()
         if rank == 0 and not was_chief:
             log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
                         self.me)

@@ -15,6 +15,8 @@ that got it leaves and the others go on (`tfdist_ext.elastic.leaving`).
 """
 
 import functools
+import logging
+import time
 import weakref
 
 import keras
@@ -23,6 +25,7 @@ import tensorflow as tf
 from tfdist_ext import liveness
 from tfdist_ext.elastic import leaving
 
+log = logging.getLogger("tfdist_ext")
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 
 
@@ -83,6 +86,8 @@ def wrap(train_function, model, strategy, phase="train"):
             _recover(recovery, model, progress, err)
             return progress.logs
         progress.logs = logs
+        if phase == "train" and recovery.stragglers is not None:
+            _check_stragglers(recovery, strategy, progress.steps)
         if phase == "train" and recovery.join_requested():
             tested = _progress[model].get("test")
             try:
@@ -105,10 +110,44 @@ def _stop_requested(strategy, progress) -> bool:
             and float(strategy.preemption.agreed.numpy()) > 0)
 
 
+def _check_stragglers(recovery, strategy, steps):
+    """After a training step: a straggler found asks to leave (`elastic.stragglers`)."""
+    monitor = recovery.stragglers
+    worker = monitor.step_ended(time.time(), steps, recovery.members)
+    if worker is None:
+        return
+    found = monitor.removed[-1]
+    enough = len(recovery.members) - 1 >= max(recovery.options.min_workers, 1)
+    log.warning("tfdist_ext: worker %d is a straggler: busy %s s in its last %d steps against "
+                "the other members' median %s s (Elastic(straggler_factor=%g)); %s", worker,
+                _seconds(found["seconds"]), monitor.steps, _seconds(found["others"]),
+                monitor.factor, "it leaves the job after the next step." if enough else
+                f"it stays: the others would be fewer than min_workers="
+                f"{recovery.options.min_workers}.")
+    if enough and worker == recovery.me:
+        monitor.leaving = True
+        strategy.preemption.requested.assign(1.0)
+
+
+def _straggler_left(monitor, steps):
+    """Whether the stop request after step `steps` was a straggler's (found a step before)."""
+    return monitor is not None and bool(monitor.removed) and monitor.removed[-1]["step"] == \
+        steps - 1
+
+
+def _seconds(values):
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+
 def _leave(recovery, model, progress, preemption):
     """The worker asked to stop ends its process (exit code 0); the others go on."""
+    monitor = recovery.stragglers
+    straggler = monitor is not None and monitor.leaving
     try:
-        outcome = leaving.leave(recovery, progress.steps, preemption.signal_name is not None)
+        outcome = leaving.leave(recovery, progress.steps,
+                                preemption.signal_name is not None or straggler,
+                                "a straggler" if straggler or _straggler_left(monitor, progress.steps)
+                                else "asked to stop")
     except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died meanwhile
         _recover(recovery, model, progress, err)
         return

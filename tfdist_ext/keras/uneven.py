@@ -90,8 +90,11 @@ def weighted_train_step(train_step, strategy, eager=False):
 
     @functools.wraps(train_step)
     def step(data):
-        with _loss_scale(_agree(data, strategy, eager)):
-            return train_step(data)
+        try:
+            with _loss_scale(_agree(data, strategy, eager)):
+                return train_step(data)
+        finally:
+            _step.timing = None
 
     return step
 
@@ -152,17 +155,27 @@ def _agree(data, strategy, eager=False):
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
     samples = _samples(first)
-    values = [samples]
+    values = [samples[None]]
     if preemption is not None:
-        values.append(preemption.requested.read_value())
+        values.append(preemption.requested.read_value()[None])
     elastic = getattr(strategy, "elastic", None)
     if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
-        values.append(elastic.join_flag.read_value())
-    totals = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, tf.stack(values))
+        values.append(elastic.join_flag.read_value()[None])
+    monitor = elastic.stragglers if elastic is not None else None
+    if monitor is not None:  # every worker's busy seconds of the last step
+        with tf.control_dependencies([] if first is None else [first]):
+            arrival = monitor.arrived()
+        values.append(monitor.share())
+    totals = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, tf.concat(values, 0))
     if preemption is not None:
         preemption.agreed.assign(totals[1])
     if elastic is not None:
-        elastic.join_agreed.assign(totals[-1])
+        elastic.join_agreed.assign(totals[len(values) - 1 if monitor is None else -1
+                                          - monitor.workers])
+    if monitor is not None:
+        monitor.table.assign(totals[-monitor.workers:])
+        with tf.control_dependencies([totals]):
+            _step.timing = (monitor, arrival, tf.timestamp())
     return None if static else tf.math.divide_no_nan(samples, totals[0])
 
 
@@ -190,6 +203,13 @@ def wrap_scale(original):
         else:
             # Eagerly, Keras' loss of an empty batch is an empty tensor: its sum, 0.
             value = tf.reduce_sum(value)
+        timing = getattr(_step, "timing", None)
+        if timing is not None:  # the forward pass ends here (`tfdist_ext.elastic.stragglers`)
+            _step.timing = None
+            monitor, arrival, synced = timing
+            with tf.control_dependencies([value]):
+                forward = tf.timestamp() - synced
+            monitor.busy.assign(tf.cast(arrival + forward, tf.float32))
         return _gradient_scaled(tf.convert_to_tensor(value), share)
 
     return scale_loss_for_distribution

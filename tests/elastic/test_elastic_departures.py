@@ -1,0 +1,113 @@
+"""Elastic workers that leave without dying: stopped (SIGSTOP), cut off from the
+network, or removed as stragglers (`tfdist_ext.elastic.stragglers`).
+
+The SIGTERM departures are in test_elastic.py, beside the uninterrupted job they
+are compared with.
+"""
+
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+from conftest import end_processes, launch
+from elastic_jobs import NO_UCX, WORKER, removed_in_time, run_job, start, weights_sha
+from tfdist_ext.launch import free_ports, tf_configs
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp_path):
+    """SIGSTOP to worker 0 (the chief): the others remove it within 10 s and go on;
+    SIGCONT once they have: it finds from its own clock that it stood still, asks the
+    members, exits non-zero naming what happened, and the checkpoints stay theirs."""
+    out = tmp_path / "stop"
+    out.mkdir()
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
+    logs = [out / f"w{i}.log" for i in range(3)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    # The survivors wait 1 s per step while short (at most 8 s): the job still runs
+    # when the stopped worker continues.
+    env = {"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "8"}
+    procs = [start(configs, i, out, files[i], 0, 10, 2, "mlp", "sigstop", env=env)
+             for i in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        while "go on (generation" not in logs[1].read_text(errors="replace"):
+            assert time.monotonic() < deadline and procs[1].poll() is None, \
+                logs[1].read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        assert procs[0].poll() is None
+        time.sleep(1)
+        procs[0].send_signal(signal.SIGCONT)
+        continued = time.monotonic()
+        code = procs[0].wait(timeout=60)
+        took = time.monotonic() - continued
+        codes = [code] + [p.wait(timeout=240) for p in procs[1:]]
+    finally:
+        end_processes(procs, files)
+    texts = [log.read_text(errors="replace") for log in logs]
+    assert codes[1:] == [0, 0] and codes[0] not in (0, None), [t[-3000:] for t in texts]
+    assert took < 10, (took, texts[0][-3000:])
+    assert ("worker 0 did not run for" in texts[0] and "the others removed it and went on "
+            "without it as 2 worker(s) [1, 2]" in texts[0]), texts[0][-3000:]
+    results = removed_in_time(out, 0, [1, 2])
+    assert "worker 1 is now the chief" in texts[1]
+    assert weights_sha(out / "ckpt-2.weights.h5") == results[1]["sha"]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                    reason="network namespaces need root and iproute2")
+def test_a_worker_cut_off_from_the_network_is_removed_and_stops_alone(tmp_path):
+    """Worker 2 takes its emulated host's link down (tfdist-run --link-bandwidth):
+    the two that still reach each other remove it within 10 s and finish; it sees
+    the other two silent, is no majority, and exits naming the quorum rule."""
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 2, "mlp", "netcut"], timeout=200,
+                          options=["--elastic", "--link-bandwidth", "10gbit"])
+    assert code == 0, out[-4000:]
+    assert "the job finished without worker(s) [2]" in out, out[-4000:]
+    assert ("worker 2 cannot reach worker(s) [0, 1], which did not answer" in out
+            and "not a majority" in out), out[-4000:]
+    removed_in_time(tmp_path, 2, [0, 1])
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_straggler_is_removed_with_its_times_logged_and_no_step_is_discarded(tmp_path):
+    """Elastic(straggler_factor=3, straggler_steps=10); worker 2 sleeps 50 ms before each
+    step from batch 5 of every epoch on (the others' busy time is a few ms): after 10
+    such steps every member names it with the measured times, it leaves after the
+    next step with exit code 0, and the others train every batch and end alike."""
+    codes, texts, results = run_job(tmp_path, "straggler", kill_worker=2, kill_step=5,
+                                     extra=(3, "mlp", "straggler"))
+    assert codes == [0, 0, 0], [t[-3000:] for t in texts]
+    for text in texts:
+        found = re.search(r"worker 2 is a straggler: busy \[([^]]*)\] s in its last 10 "
+                          r"steps against the other members' median \[([^]]*)\] s", text)
+        assert found and "it leaves the job after the next step" in text, text[-3000:]
+        busy, others = ([float(v) for v in group.split(",")] for group in found.groups())
+        assert len(busy) == len(others) == 10
+        assert all(b >= 0.05 and b >= 3 * o for b, o in zip(busy, others)), (busy, others)
+    assert "worker 2 leaves the job after step" in texts[2] and "(a straggler)" in texts[2]
+    assert sorted(results) == [0, 1]
+    for r in results.values():
+        assert r["failures"] == [] and r["joins"] == [], r
+        (left,) = r["leaves"]
+        assert left["left"] == [2] and left["members"] == [0, 1]
+        assert left["reason"] == "a straggler"
+        # Slow from step 6 on: 10 slow steps, measured a step late, then the step that
+        # carries its request (later on a busy machine, where a slow step of the
+        # others can start the count again).
+        assert 17 <= left["step"] < 3 * 27, left
+        assert r["iterations"] == 3 * 27  # every step ran: none discarded
+    assert results[0]["sha"] == results[1]["sha"]
+    # Before worker 2 slowed down, nobody was taken for a straggler.
+    assert texts[0].count("is a straggler") == 1
