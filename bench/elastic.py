@@ -160,9 +160,13 @@ def work(args):
                 curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
             Log.times.append(time.time())
             for kind, seen in Log.seen.items():
-                for change in getattr(recovery, kind)[seen:]:
+                changes = getattr(recovery, kind)
+                ready = len(changes)
+                if changes and "step" not in changes[-1].get("pause", {"step": 0}):
+                    ready -= 1  # an admission's pause is complete after the next step
+                for change in changes[seen:ready]:
                     note(kind[:-1], change=change)
-                Log.seen[kind] = len(getattr(recovery, kind))
+                Log.seen[kind] = ready
             if len(Log.times) >= 100:
                 self.flush()
 

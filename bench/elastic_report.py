@@ -7,6 +7,7 @@ made again from a kept `--root` without training.
 
 import json
 import os
+import statistics
 
 
 def thin(curve, points=2000):
@@ -87,6 +88,10 @@ def summarize_random(args, whole, broken, kills, codes, out):
     times = [[float(t) - began for t in path.read_text().split()]
              for path in sorted(out.glob("steps-*.txt"))]
     pauses = admission_pauses([j["time"] - began for j in joins], times)
+    parts = {}
+    for e in events:  # the members' own account of each admission's pause
+        if e["event"] == "join" and "pause" in e["change"]:
+            parts.setdefault(e["change"]["generation"], e["change"]["pause"])
     return {
         "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
         "failures_recorded": len(all_failures), "seconds": ended - began,
@@ -110,6 +115,8 @@ def summarize_random(args, whole, broken, kills, codes, out):
         "mean_seconds_to_full_size": sum(full) / len(full) if full else None,
         "mean_steps_lost": sum(f["steps_lost"]["0"] for f in failures) / max(len(failures), 1),
         "admission_pauses": pauses,
+        "admission_pause_parts": {key: statistics.median(p[key] for p in parts.values())
+                                  for key in ("admit", "state", "step") if parts},
         "median_step_seconds": median_step(times),
         "curves": {"uninterrupted": thin(reference["curve"]),
                    "with_failures": thin(chief["curve"])},
@@ -127,16 +134,17 @@ def median_step(processes):
 
 def admission_pauses(joins, processes):
     """Per join (seconds from the fit's start), the seconds the members did not step:
-    the longest interval between two consecutive steps of a process that spans the
-    join's time (the members' step before the admission to their first one after
-    it, the replacement's state broadcast included), less the median step."""
+    over a process that stepped before and after the join's time, the interval between
+    its step before the admission and its second step after it (the admission and the
+    state broadcast end the step in which the join's time falls; the first step of the
+    new membership traces Keras' function again), less two median steps."""
     typical = median_step(processes) or 0.0
     pauses = []
     for when in joins:
-        spans = [b - a for times in processes for a, b in zip(times, times[1:])
-                 if a <= when <= b]
+        spans = [times[i + 2] - times[i] for times in processes
+                 for i in range(len(times) - 2) if times[i] <= when <= times[i + 1]]
         if spans:
-            pauses.append(max(spans) - typical)
+            pauses.append(max(spans) - 2 * typical)
     return pauses
 
 

@@ -111,6 +111,12 @@ def abort(reason: str, later: bool = True):
         ucx_ops.load().tfdist_ucx_abort(reason, later=later)
 
 
+def load_library():
+    """Loads the UCX op library now (about 0.4 s), e.g. before a replacement worker
+    asks to join, so that the members do not wait for it in their first collective."""
+    ucx_ops.load()
+
+
 def engine_for(name, devices, world_size, first_rank, **options):
     """The process's `UcxEngine` called `name`, created (and wired up) on first use."""
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"

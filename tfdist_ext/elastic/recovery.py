@@ -79,7 +79,7 @@ class Recovery:
             "seconds" (from the failed step to the new membership) and
             "time" (`time.time()` then).
         joins: One dict per admission of replacement workers: "generation",
-            "step", "joined" (their indices), "members" and "time".
+            "step", "joined", "members", "time", "pause" (seconds of its parts).
         leaves: One dict per departure (`leaving`): "generation", "step", "left",
             "members", "time" and "reason".
         replacement: Whether this process joined a running job (a replacement).
@@ -187,6 +187,7 @@ class Recovery:
             "batch" (the epoch the members are in, and how many of its batches
             they ran).
         """
+        ucx_engine.load_library()  # not while the members wait for it to wire up
         request, asked = joining.ask(self._prefix, self.me, self._store.address,
                                      self._stores, self._join_order)
         log.warning("tfdist_ext: worker %d asks worker(s) %s to take it into the running job.",
@@ -211,8 +212,7 @@ class Recovery:
         rank = membership.position(members, self.me)
         with self._lock:
             self.generation, self.members = generation, members
-            self._strategy.reconfigure_workers(rank, len(members), generation,
-                                               self._meeting())
+            self._strategy.reconfigure_workers(rank, len(members), generation, self._meeting())
         self._split[0].assign(rank)
         self._split[1].assign(len(members))
         if self.stragglers is not None:

@@ -37,6 +37,7 @@ class _Progress:
         self.skip = 0
         self.logs = {}
         self.stop_everyone = False  # a stop request that cannot be a departure
+        self.pause = None  # the last admission's "pause" record, until the next step
 
 
 def wrap(train_function, model, strategy, phase="train"):
@@ -79,7 +80,10 @@ def wrap(train_function, model, strategy, phase="train"):
             # A replacement has no step of its own yet: its (empty) metrics.
             return progress.logs or _metric_logs(model, strategy)
         try:
+            began = time.monotonic()
             logs = train_function(iterator)
+            if progress.pause is not None:  # the first step after an admission
+                progress.pause["step"], progress.pause = time.monotonic() - began, None
         except tf.errors.OutOfRangeError:
             raise
         except tf.errors.OpError as err:
@@ -91,9 +95,13 @@ def wrap(train_function, model, strategy, phase="train"):
         if phase == "train" and recovery.join_requested():
             tested = _progress[model].get("test")
             try:
+                began = time.monotonic()
                 recovery.admit(progress.steps, tested.steps if tested is not None else 0)
+                admitted = time.monotonic()
                 _retrace(model)
                 recovery.broadcast_state(state(model))
+                progress.pause = recovery.joins[-1]["pause"] = {
+                    "admit": admitted - began, "state": time.monotonic() - admitted}
             except (tf.errors.OpError, OSError, TimeoutError) as err:
                 # A replacement, or the leader, died during the admission.
                 _recover(recovery, model, progress, err)
