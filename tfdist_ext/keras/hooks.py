@@ -18,7 +18,7 @@ installs every patch and lists them; the private classes come from
   the file-writing Keras callbacks write once per job
   (`tfdist_ext.keras.worker_callbacks`); `.fit`, `.evaluate` and `.predict`
   pad the workers' datasets to a common number of batches
-  (`tfdist_ext.keras.uneven.common_length`); `.fit` in synchronous training
+  (`tfdist_ext.keras.local_input.common_length`); `.fit` in synchronous training
   also ends on every worker at a common step after a SIGTERM
   (`tfdist_ext.keras.preemption`).
 
@@ -160,7 +160,7 @@ def wrap_fit(original):
         _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
-                              lambda data: uneven.common_length(data, strategy))
+                              lambda data: local_input.common_length(data, strategy))
         if len(args) > 5:  # x, y, batch_size, epochs, verbose, callbacks, ...
             args[5] = _with_callbacks(args[5], extra)
             callbacks = args[5]
@@ -231,7 +231,7 @@ def wrap_inference(original):
         patch_check.require_for(self, strategy)
         args = list(args)
         _replace_argument(args, kwargs, 0, "x",
-                          lambda data: uneven.common_length(data, strategy))
+                          lambda data: local_input.common_length(data, strategy))
         try:
             return original(self, *args, **kwargs)
         except tf.errors.FailedPreconditionError as err:

@@ -27,7 +27,7 @@ Under a current `keras.distribution.DataParallel(auto_shard_dataset=False)`
 `tfdist_ext.distribution`) each worker's dataset is its own: every batch is
 this worker's whole local batch, and the global batch is the workers' local
 batches together. That dataset must have a known (or infinite) batch count
-(the workers' counts are padded to the longest by `uneven.common_length`)
+(the workers' counts are padded to the longest by `common_length`)
 and, where its batch dimension is static, the same on every worker.
 
 In elastic training (`tfdist_ext.elastic`) the part and the number of parts
@@ -38,6 +38,7 @@ batch or two already prefetched may still be split the old way).
 
 import functools
 import itertools
+import logging
 import weakref
 
 import keras
@@ -46,6 +47,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.keras import uneven
 
+log = logging.getLogger("tfdist_ext")
 _agreements = itertools.count()  # the same sequence on every worker (SPMD)
 _chosen = weakref.WeakKeyDictionary()  # distributed dataset -> what Keras iterates
 _SPLITTABLE = (tf.data.experimental.AutoShardPolicy.AUTO,
@@ -213,3 +215,45 @@ def _same_length(dataset, strategy):
     counts = {int(c) for c in strategy.exchange(f"local-input/{next(_agreements)}",
                                                 str(count))}
     return len(counts) == 1 and (count >= 0 or count == tf.data.INFINITE_CARDINALITY)
+
+
+def common_length(dataset, strategy):
+    """`dataset` padded with empty batches to the longest worker's batch count.
+
+    Args:
+        dataset: What the user passed to `fit` / `evaluate` / `predict` (only
+            a `tf.data.Dataset` of known cardinality is padded; anything else
+            is returned unchanged).
+        strategy: A `tfdist_ext.Strategy`. Every worker must call this in the
+            same order (it exchanges batch counts through the coordination
+            service).
+    """
+    if not isinstance(dataset, tf.data.Dataset) or strategy.num_workers < 2:
+        return dataset
+    batches = int(dataset.cardinality())
+    counts = [int(c) for c in strategy.exchange(f"batches/{next(_agreements)}", batches)]
+    if min(counts) < 0 or min(counts) == max(counts):
+        return dataset  # unknown / infinite somewhere, or already equal
+    empty = _empty_batch(dataset.element_spec)
+    if empty is None:
+        log.warning("tfdist_ext: workers' datasets have %s batches; cannot pad this one "
+                    "(its element_spec %s has unknown non-batch dimensions), so the "
+                    "workers will fall out of step.", counts, dataset.element_spec)
+        return dataset
+    padded = dataset.concatenate(
+        tf.data.Dataset.from_tensors(empty).repeat(max(counts) - batches))
+    return padded.with_options(dataset.options())
+
+
+def _empty_batch(spec):
+    def empty(leaf):
+        if not isinstance(leaf, tf.TensorSpec) or leaf.shape.rank is None:
+            raise ValueError(leaf)
+        if leaf.shape.rank == 0 or not leaf.shape[1:].is_fully_defined():
+            raise ValueError(leaf)
+        return tf.zeros([0] + leaf.shape[1:].as_list(), leaf.dtype)
+
+    try:
+        return tf.nest.map_structure(empty, spec)
+    except ValueError:
+        return None

@@ -30,7 +30,7 @@ strategies are untouched):
 Keras runs as many steps per epoch as the local dataset has batches. When the
 user shards a dataset per worker (auto-sharding off) the workers' shards can
 differ in length, and the worker that ran out first would leave the others
-waiting in a collective. `common_length` pads each worker's `tf.data.Dataset`
+waiting in a collective. `local_input.common_length` pads each worker's `tf.data.Dataset`
 with empty batches up to the longest shard's batch count (agreed through
 the coordination service), and the sample weighting above gives those empty
 batches weight 0.
@@ -54,8 +54,6 @@ return none of it.
 
 import contextlib
 import functools
-import itertools
-import logging
 import threading
 
 import keras
@@ -64,9 +62,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.keras import xla
 
-log = logging.getLogger("tfdist_ext")
 _step = threading.local()  # replica threads trace the step concurrently
-_agreements = itertools.count()  # the same sequence on every worker (SPMD)
 
 
 def is_tfdist_strategy(strategy) -> bool:
@@ -383,46 +379,3 @@ def _needs_a_batch(model):
 def _has_call(model):
     """Whether `model` computes outputs (a GAN with only `train_step` does not)."""
     return type(model).call not in (keras.Model.call, keras.layers.Layer.call)
-
-
-def common_length(dataset, strategy):
-    """`dataset` padded with empty batches to the longest worker's batch count.
-
-    Args:
-        dataset: What the user passed to `fit` / `evaluate` / `predict` (only
-            a `tf.data.Dataset` of known cardinality is padded; anything else
-            is returned unchanged).
-        strategy: A `tfdist_ext.Strategy`. Every worker must call this in the
-            same order (it exchanges batch counts through the coordination
-            service).
-    """
-    if not isinstance(dataset, tf.data.Dataset) or strategy.num_workers < 2:
-        return dataset
-    batches = int(dataset.cardinality())
-    counts = [int(c) for c in strategy.exchange(f"batches/{next(_agreements)}", batches)]
-    if min(counts) < 0 or min(counts) == max(counts):
-        return dataset  # unknown / infinite somewhere, or already equal
-    empty = _empty_batch(dataset.element_spec)
-    if empty is None:
-        log.warning("tfdist_ext: workers' datasets have %s batches; cannot pad this one "
-                    "(its element_spec %s has unknown non-batch dimensions), so the "
-                    "workers will fall out of step.", counts, dataset.element_spec)
-        return dataset
-    padded = dataset.concatenate(
-        tf.data.Dataset.from_tensors(empty).repeat(max(counts) - batches))
-    return padded.with_options(dataset.options())
-
-
-def _empty_batch(spec):
-    def empty(leaf):
-        if not isinstance(leaf, tf.TensorSpec) or leaf.shape.rank is None:
-            raise ValueError(leaf)
-        if leaf.shape.rank == 0 or not leaf.shape[1:].is_fully_defined():
-            raise ValueError(leaf)
-        return tf.zeros([0] + leaf.shape[1:].as_list(), leaf.dtype)
-
-    try:
-        return tf.nest.map_structure(empty, spec)
-    except ValueError:
-        return None
-
