@@ -204,3 +204,18 @@ def test_engines_benchmark_tiny(tmp_path):
         assert r["memcpy_GBps"] == max(r["memcpy_GBps_start"], r["memcpy_GBps_end"]) > 0
         assert r["algbw_over_memcpy"] == pytest.approx(r["algbw_GBps"] / r["memcpy_GBps"])
         assert r["memcpy_concurrent_GBps"] is None  # one process: nobody copies beside it
+
+
+@pytest.mark.multiworker
+def test_sparse_benchmark_tiny(tmp_path):
+    out = tmp_path / "sparse.json"
+    stdout = _run("sparse.py", "--workers", "2", "--vocab", "300", "--seq", "8", "--steps", "3",
+                  "--warmup", "2", "--rounds", "1", "--json", str(out),
+                  "--png", str(tmp_path / "sparse.png"))
+    assert "x the frozen embedding" in stdout
+    rows = {row["config"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"all_gather", "sparse_as_dense", "frozen_embedding",
+                         "keras_one_process"}
+    assert rows["frozen_embedding"]["x_frozen_embedding"] == 1.0
+    assert all(row["median_ms"] > 0 for row in rows.values())
+    assert (tmp_path / "sparse.png").stat().st_size > 0

@@ -14,28 +14,25 @@ Routing (`_all_reduce`):
       `select_algorithm(num_bytes)` picks: "native" buffers to TF's
       CollectiveReduceV2 ring, any other name to the graph engine
       (`collectives.engine`), which runs that algorithm's schedule.
-    * IndexedSlices, tensors without a static shape and dtypes the engine does
-      not support (see `engine.SUPPORTED_DTYPES`) are delegated to TF's native
-      path, which all-gathers IndexedSlices instead of densifying them (an
-      embedding gradient stays sparse) and reports unsupported dtypes itself.
-      With `densify_sparse` (elastic training) IndexedSlices are made dense
-      and fused like any gradient.
+    * IndexedSlices (embedding gradients), tensors without a static shape and
+      dtypes the engine does not support (see `engine.SUPPORTED_DTYPES`) go to
+      TF's native path, which all-gathers IndexedSlices (the one-process answer)
+      and reports unsupported dtypes itself. With `densify_sparse`
+      (`Strategy(sparse_as_dense=True)`, elastic training) IndexedSlices of a
+      static dense shape are reduced dense (`fusion.densified`).
     * Zero-size tensors pass through without communication.
     * MEAN divides the sum by the global replica count at the end exactly as
       TF's native path does (``value / group_size``): integer tensors become
       float64 means, not floor divisions.
-    * "auto" buffers go to the algorithm `collectives.refine.Refiner` picks:
-      the calibrated model's choice, or, where the model finds candidates
-      close, the fastest of them timed at that buffer size (the chief's
-      timings, so identical on all workers).
+    * "auto" buffers go to the algorithm `collectives.refine.Refiner` picks: the
+      model's choice, or the fastest of close candidates timed by the chief.
 
 Gradient reductions (the batched all-reduce an optimizer issues, which reaches
 `batch_reduce_implementation`) are also where compression applies and where
 the per-replica step counter and byte counters of `StrategyState` advance;
 other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
 
-This class routes; each other concern is a part it delegates to, in its own
-module:
+This class routes; each other concern is a part in its own module:
 
     CrossDeviceOps --- choice   collectives/choice.py   the algorithm per buffer size,
            |                                            "auto"'s calibration, host layout
@@ -121,9 +118,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._pair_group_key_base = pair_group_key_base
         self._engine_role = engine_role
         self._state = None
-        # Elastic training: IndexedSlices (embedding gradients) are made dense and
-        # take the engine's path, since TF's collectives cannot change members.
-        self.densify_sparse = False
+        self.densify_sparse = False  # elastic: TF's collectives cannot change members
         self._make_parts(engine_role)
         self._gradient_reduction = False
         self._compression = None  # `compression_replaced`
@@ -274,8 +269,12 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def _all_reduce(self, reduce_op, value, replica_id, options):
         if self._native_only:
             scope = "tfdist/native/b0/" if self._gradient_reduction else "tfdist/native/other/"
+            values, restore = (fusion.densified(_compat.nest.flatten(value))
+                               if self.densify_sparse else (None, None))
             with tf.name_scope(scope):
-                result = super()._all_reduce(reduce_op, value, replica_id, options)
+                result = super()._all_reduce(reduce_op, values or value, replica_id, options)
+            if restore is not None:
+                result = _compat.nest.pack_sequence_as(value, restore(result))
             if self._gradient_reduction and replica_id == 0:
                 dense = self.wire.of_native(_compat.nest.flatten(value))
                 with tf.control_dependencies([self.state.count(dense, dense)]):
@@ -283,9 +282,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return result
         options = self._options.merge(options or _compat.CommunicationOptions())
         values = _compat.nest.flatten(value)
-        if self.densify_sparse:
-            values = [tf.convert_to_tensor(v) if isinstance(v, tf.IndexedSlices) else v
-                      for v in values]
+        values, restore = fusion.densified(values) if self.densify_sparse else (values, list)
         flat, native, empty, fused = fusion.partition(values, engine_lib.SUPPORTED_DTYPES)
         results = [None] * len(flat)
         for i in empty:
@@ -317,7 +314,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                     reduced = [tf.identity(r) for r in reduced]
             for i, r in zip(fused, reduced):
                 results[i] = self._finish(reduce_op, r, replica_id)
-        return _compat.nest.pack_sequence_as(value, results)
+        return _compat.nest.pack_sequence_as(value, restore(results))
 
     def _reduce_buffer(self, buffer, replica_id, options, bucket="other"):
         """Sums one flat buffer with the algorithm chosen for its size.

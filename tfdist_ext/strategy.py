@@ -63,25 +63,24 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             collective ops) or "auto" ("ucx" where it is built, else "tf"
             with a warning). Defaults to "auto". See
             `tfdist_ext.collectives.engines`.
-        startup_timeout: Seconds a worker waits for every task of TF_CONFIG
-            to join before it is killed (SIGKILL) with a message naming the
-            workers that did not answer; 0 waits forever. Defaults to 600.
-            Raise it when a scheduler starts a job's workers far apart.
-        elastic: True, a dict of options or `tfdist_ext.elastic.Elastic`:
-            when a worker dies, the survivors discard the step in flight and
-            `fit` goes on with them, in the same processes
-            (`tfdist_ext.elastic.recovery`). Needs the UCX engine, sync="sync",
-            a fixed all-reduce algorithm, no compression or bucketing, and a
-            TF_CONFIG of "worker" tasks. Defaults to
-            None: on when TFDIST_ELASTIC=1 (`tfdist-run --elastic`), else off
-            (a dead worker stops the job).
+        startup_timeout: Seconds a worker waits for every task of TF_CONFIG to
+            join before it is killed with a message naming the workers that did
+            not answer; 0 waits forever. Defaults to 600.
+        elastic: True, a dict of options or `tfdist_ext.elastic.Elastic`: when a
+            worker dies, the survivors discard the step in flight and `fit` goes
+            on with them (`tfdist_ext.elastic.recovery`). Needs the UCX engine,
+            sync="sync", a fixed all-reduce algorithm, no compression or
+            bucketing, and "worker" tasks. Defaults to None: on when
+            TFDIST_ELASTIC=1 (`tfdist-run --elastic`), else off.
         cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`
-            (e.g. `SlurmClusterResolver()`) to take the cluster from instead
-            of TF_CONFIG; it becomes this process's TF_CONFIG, so everything
-            that reads TF_CONFIG agrees. Create the strategy before any
-            TensorFlow op. Not needed under `srun` or in a Kubernetes Indexed
-            Job: `import tfdist_ext` derives TF_CONFIG there
-            (`tfdist_ext.cluster_env`).
+            (e.g. `SlurmClusterResolver()`) to take the cluster from instead of
+            TF_CONFIG, which it becomes; create the strategy before any TF op.
+            Not needed under `srun` or in a Kubernetes Indexed Job: `import
+            tfdist_ext` derives TF_CONFIG there (`tfdist_ext.cluster_env`).
+        sparse_as_dense: Reduce embedding gradients (IndexedSlices) dense, fused
+            with the others on the engine (Horovod's option), not as TF's
+            all-gather of every replica's rows: faster, the same for SGD; Adam
+            then squares each row's sum, not each lookup's (`fusion.densified`).
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the
@@ -93,8 +92,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
                  startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None,
-                 elastic=None):
+                 elastic=None, sparse_as_dense: bool = False):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
+        if not isinstance(sparse_as_dense, bool):
+            raise ValueError(f"Argument `sparse_as_dense` must be True or False; received "
+                             f"{sparse_as_dense!r}.")
         from_environment = elastic is None
         elastic = elastic_options.get(elastic)
         if elastic is not None:
@@ -125,6 +127,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self.config = config
         self.cluster = spec
         self.elastic = None  # set below, once the strategy works
+        # Elastic: always, as TF's collectives cannot change members.
+        self._cross_ops.densify_sparse = sparse_as_dense or elastic is not None
         self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False
@@ -150,19 +154,15 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                 raise ValueError(f"Argument `elastic` needs one replica per worker; this "
                                  f"worker has {len(self.extended.worker_devices)}. Run one "
                                  "worker process per device.")
-            self._cross_ops.densify_sparse = True
             self.elastic = recovery.Recovery(self, elastic,
                                              f"tfdist/{self._collective_key_base}")
             if self.elastic.replacement:
                 self.extended.step_down()
             if not _compat.elastic_context():
-                log.warning("tfdist_ext: elastic training without %s=1 in the environment "
-                            "at import: the survivors of a death go on, but a worker "
-                            "started again cannot rejoin (only under it does a starting "
-                            "worker ask the members whether the job runs). Set %s=1 for "
-                            "every worker, as "
-                            "`tfdist-run --elastic` does.", elastic_options.VARIABLE,
-                            elastic_options.VARIABLE)
+                log.warning("tfdist_ext: elastic training without %s=1 in the environment at "
+                            "import: the survivors of a death go on, but a worker started "
+                            "again cannot rejoin. Set it for every worker, as `tfdist-run "
+                            "--elastic` does.", elastic_options.VARIABLE)
         if spec is not None:
             if self.elastic is not None:
                 liveness.watch(spec, self.elastic.abort_communicators, keep_watching=True)

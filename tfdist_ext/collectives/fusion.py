@@ -52,6 +52,50 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
     return results
 
 
+def densified(values):
+    """IndexedSlices made dense for a fused all-reduce, and the way back.
+
+    Each IndexedSlices whose dense shape is static is replaced by its dense tensor, and a vector of its row counts (how often each
+    row appears in its indices) is appended to the values: summed with the
+    others, it says which rows any replica touched. `restore` turns the reduced
+    dense tensor back into IndexedSlices of those rows, so that an optimizer's
+    sparse update touches the rows one process's would. One difference stays:
+    a row looked up several times arrives summed, so Keras' Adam squares the
+    sum where one process squares each lookup's gradient (SGD and momentum are
+    the same either way). On the wire: the
+    dense tensor plus 1/row-width more, 2(p-1)/p x of it per worker, against
+    TF's all-gather of every worker's rows: dense wins unless a batch touches
+    a small fraction of a large vocabulary, and costs a dense copy's memory.
+
+    Args:
+        values: A flat list of tensors and IndexedSlices.
+
+    Returns:
+        ``(values, restore)``: the values to reduce, and ``restore(reduced)``,
+        which takes their reduced results and returns one per original value.
+    """
+    out, slots = list(values), []
+    for i, v in enumerate(values):
+        if not isinstance(v, tf.IndexedSlices) or v.dense_shape is None:
+            continue
+        shape = tf.TensorShape(tf.get_static_value(v.dense_shape))
+        if not shape.is_fully_defined():
+            continue
+        out[i] = tf.convert_to_tensor(v)
+        ones = tf.ones(tf.shape(v.indices)[:1], v.values.dtype)
+        out.append(tf.math.unsorted_segment_sum(ones, v.indices, shape[0]))
+        slots.append((i, len(out) - 1, v.dense_shape))
+
+    def restore(reduced):
+        reduced = list(reduced)
+        for i, counts, dense_shape in slots:
+            rows = tf.reshape(tf.where(reduced[counts] > 0), [-1])
+            reduced[i] = tf.IndexedSlices(tf.gather(reduced[i], rows), rows, dense_shape)
+        return reduced[:len(values)]
+
+    return out, restore
+
+
 def partition(values, supported_dtypes):
     """Sorts the values of one all-reduce by how they travel.
 
