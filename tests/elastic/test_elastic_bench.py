@@ -12,40 +12,36 @@ from elastic_jobs import NO_UCX
 from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS
 
 
+def _bench(tmp_path, *args, timeout=300):
+    """bench/elastic.py's report (JSON, and a PNG checked to exist) of a run with `args`."""
+    out = tmp_path / "elastic.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "elastic.py"), *args, "--json", str(out),
+         "--png", str(tmp_path / "elastic.png")], capture_output=True, text=True,
+        timeout=timeout, cwd=ROOT, check=False, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "elastic.png").stat().st_size > 1000
+    return json.loads(out.read_text())
+
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
 def test_benchmark_reports_each_failure(tmp_path):
-    out = tmp_path / "elastic.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--kill", "1@5",
-         "--epochs", "1", "--json", str(out), "--png", str(tmp_path / "elastic.png")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = _bench(tmp_path, "--workers", "2", "--kill", "1@5", "--epochs", "1")
     (failure,) = report["failures"]
     assert failure["dead"] == [1] and failure["step"] == 5 and failure["members"] == [0]
     assert 0 < failure["seconds_to_go_on"] < 10 and failure["steps_lost"] == {"0": 1}
     assert report["with_failures"]["survivors"] == [0]
     assert abs(report["accuracy_points_vs_uninterrupted"]) < 100
     assert len(report["curves"]["with_failures"]) == len(report["curves"]["uninterrupted"])
-    assert (tmp_path / "elastic.png").stat().st_size > 1000
 
 
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
 def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
-    out = tmp_path / "random.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--workers", "2", "--mtbf", "2",
-         "--failures", "1", "--epochs", "150", "--json", str(out),
-         "--png", str(tmp_path / "random.png")],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = _bench(tmp_path, "--workers", "2", "--mtbf", "2", "--failures", "1", "--epochs",
+                    "150", timeout=600)
     (failure,) = report["failures"]
     assert report["kills_without_failure"] == []
     (victim,) = failure["dead"]
@@ -65,7 +61,8 @@ def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     # The members' pause at the replacement's admission, beyond a typical step.
     (pause,) = report["admission_pauses"]
     assert 0 < pause < 30 and 0 < report["median_step_seconds"] < 1
-    assert (tmp_path / "random.png").stat().st_size > 1000
+    parts = report["admission_pause_parts"]  # the members' own account of it
+    assert set(parts) == {"admit", "state", "step"} and all(v > 0 for v in parts.values())
 
 
 def test_benchmark_refuses_a_kill_that_leaves_nobody():
