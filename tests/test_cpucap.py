@@ -14,7 +14,7 @@ BUSY = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n"
 
 def _can_cap():
     try:
-        cpucap.CpuCaps("probe", 0.5).close()
+        cpucap.CpuCaps(f"probe-{os.getpid()}", 0.5).close()
         return True
     except cpucap.CpuCapError:
         return False
@@ -22,7 +22,7 @@ def _can_cap():
 
 @pytest.mark.skipif(os.geteuid() != 0 or not _can_cap(), reason="needs root and cgroups")
 def test_a_capped_process_gets_its_share_and_the_group_is_removed():
-    with cpucap.CpuCaps("test", 0.25) as caps:
+    with cpucap.CpuCaps(f"test-{os.getpid()}", 0.25) as caps:
         child = subprocess.Popen([sys.executable, "-c", BUSY])
         caps.add(0, child.pid)
         start = os.times()
@@ -57,7 +57,7 @@ def test_without_root_the_error_says_what_to_do():
 def test_a_leftover_process_is_moved_out_before_the_group_goes():
     if os.geteuid() != 0 or not _can_cap():
         pytest.skip("needs root and cgroups")
-    caps = cpucap.CpuCaps("leftover", 0.5)
+    caps = cpucap.CpuCaps(f"leftover-{os.getpid()}", 0.5)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         caps.add(1, sleeper.pid)
