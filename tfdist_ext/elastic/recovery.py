@@ -1,9 +1,7 @@
 """What survivors do when a worker dies during `fit` (`Strategy(elastic=True)`).
 
-The anchor is torchft's per-step fault tolerance (pytorch/torchft, 2025): a
-step whose collective failed is discarded, the survivors form a new quorum and
-reconfigure their communicators, and training goes on in the same processes.
-Here, in order:
+The anchor is torchft's per-step fault tolerance (pytorch/torchft, 2025): a failed
+step is discarded, the survivors form a new quorum and go on in the same processes:
 
 1. Detect: the dead-peer watcher (`tfdist_ext.liveness`) finds a killed or
    stopped worker within about a second and aborts the UCX communicators that
@@ -19,20 +17,14 @@ Here, in order:
 4. Rebuild: each survivor's cross-device ops take the new world size and
    rank and make new communicators (`CrossDeviceOps.reconfigure`); Keras'
    train, test and predict functions are traced again.
-5. Agree on state: the new rank 0 broadcasts the model's variables and the
-   optimizer's (slots, iteration count) to the others, so all members hold
-   the same weights whichever of them applied the failed step; survivors
-   that ran fewer steps skip the difference. If worker 0 died, the new rank
-   0 becomes the chief: Keras' file-writing callbacks of the running `fit`
-   write where the user asked from then on (`keras.worker_callbacks`).
+5. Agree on state: the new rank 0 broadcasts the model's and the optimizer's
+   variables, so all members hold the same weights whichever applied the failed
+   step; survivors that ran fewer steps skip the difference. A new rank 0 becomes
+   the chief: Keras' file-writing callbacks write from it (`keras.worker_callbacks`).
 
-Where Keras reads each worker's part of every global batch through a plain
-`tf.data` pipeline (`tfdist_ext.keras.local_input`), the survivors split each
-global batch among themselves from the next batch on: the global batch keeps
-its size. Otherwise each survivor keeps its shard and per-replica batch, and a
-dead worker's share of the rest of the `fit` is not trained on. Either way the
-gradient is the mean over the samples the members computed. A failed test step's
-batch (`evaluate`, `fit`'s validation) is left out of the metrics.
+Through `tfdist_ext.keras.local_input` the survivors split each global batch among
+themselves (otherwise a dead worker's shard is not trained on); the gradient is the
+mean over the members' samples. A failed test step's batch is left out of the metrics.
 
 A replacement (the dead worker's script started again with its TF_CONFIG)
 finds the members (`beacon`), asks to join and waits (`join`, `joining`); the
@@ -164,12 +156,8 @@ class Recovery:
         self._requests.settled()
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         joiners = sorted(set(decision["members"]) - set(self.members))
-        with self._lock:
-            for worker in joiners:
-                self._reported_dead.pop(worker, None)
+        self._alive_again(joiners)
         self.change(generation, tuple(decision["members"]))
-        for worker in joiners:
-            liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
         self.joins.append({"generation": generation, "step": steps, "joined": joiners,
                            "members": list(decision["members"]), "time": time.time()})
         log.warning("tfdist_ext: worker(s) %s joined at step %d; %d workers %s (generation %d).",
@@ -196,6 +184,9 @@ class Recovery:
                                                     self.options.join_seconds, self.me))
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         self.joining, self.catching_up = False, True
+        # A death this replacement saw while it waited may be of a worker whose own
+        # replacement joins with it: the leader's decision says who is alive now.
+        self._alive_again([w for w in decision["members"] if w in self._reported_dead])
         self.change(decision["generation"], tuple(decision["members"]))
         try:
             self.broadcast_state(variables)
@@ -222,6 +213,14 @@ class Recovery:
                         self.me)
             for callback in list(self._on_promotion):
                 callback()
+
+    def _alive_again(self, workers):
+        """Forgets reported deaths of `workers` (replacements now); watches them again."""
+        with self._lock:
+            for worker in workers:
+                self._reported_dead.pop(worker, None)
+        for worker in workers:
+            liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
 
     def _meeting(self):
         """The members' store for the wire-up of new communicators; a wait there for a
