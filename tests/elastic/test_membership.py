@@ -166,6 +166,28 @@ def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
     replacement.close()
 
 
+def test_a_request_admitted_by_another_leader_is_not_admitted_again():
+    """Worker 0's replacement asked members 1 and 2; 2 led and admitted it. Later 0
+    died again and 1 leads: the old request in 1's store must not count (its store is
+    gone), while the new replacement's does."""
+    own, first, second = (store.Store("127.0.0.1") for _ in range(3))
+    members = [1, 2]
+    requests = admission.Requests(own, "p", lambda: tuple(members), lambda: False)
+    client = store.Client(own.address)
+    client.set(joining.request_key("p", 0, "1"), first.address)
+    requests.settled({0})  # the admission of worker 0 that worker 2 led
+    first.close()  # that replacement died, and worker 0 is no member again
+    assert requests.take() == {}
+    client.set(joining.request_key("p", 0, "2"), second.address)
+    assert requests.take() == {0: ("p/join/0/2", second.address)}
+    # Without the settle, a request whose store is gone is still not taken.
+    client.set(joining.request_key("p", 3, "1"), first.address)
+    members.append(0)
+    assert requests.take() == {}
+    own.close()
+    second.close()
+
+
 @pytest.mark.parametrize("members, alive, gone, goes_on", [
     ((0, 1, 2), (0, 1), (), True),        # one stopped or cut off: the two go on
     ((0, 1, 2), (2,), (), False),         # ... and it stops

@@ -65,11 +65,18 @@ class Requests:
             requests = self._pending(self._store.items(self._key))
             self._handled.update(key for key, _ in requests.values())
             self.flag.assign(0.0)
-        return requests
+        # An old request of a replacement that died since names a dead store.
+        return {w: r for w, r in requests.items()
+                if store.Client(r[1]).answers(health.HEALTH_TIMEOUT_SECONDS)}
 
-    def settled(self):
-        """Every member, at an admission: the agreed request is being acted on."""
+    def settled(self, joined=()):
+        """Every member, at an admission: the agreed request is being acted on, and the
+        requests of the `joined` workers in this worker's store are done (were it the
+        leader later, it would otherwise admit one again, naming a store that is gone)."""
         self.agreed.assign(0.0)
+        with self._lock:
+            self._handled.update(key for key in self._store.items(self._key)
+                                 if int(key.split("/")[-2]) in set(joined))
 
     def _pending(self, items: Mapping[str, str]):
         return joining.pending(items, self._members(), self._handled)

@@ -153,7 +153,7 @@ class Recovery:
         else:
             decision = json.loads(self.kv().get(f"{prefix}/admission",
                                                 2 * self.options.recover_seconds))
-        self._requests.settled()
+        self._requests.settled(set(decision["members"]) - set(self.members))
         self._stores.update({int(w): address for w, address in decision["stores"].items()})
         joiners = sorted(set(decision["members"]) - set(self.members))
         self._alive_again(joiners)
