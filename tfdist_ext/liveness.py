@@ -97,6 +97,7 @@ class Watcher:
         self.peers = dict(peers)
         self._misses = {task: 0 for task in self.peers}
         self._grace = {}  # task -> until when its failed checks do not count
+        self._alive = {}  # task -> a second opinion that counts during its grace
         self._reported = set()  # failure reports (the store's) acted on
         self.aborts: List[Callable[[str, str], None]] = []  # (reason, dead task)
         self.reason: Optional[str] = None
@@ -115,12 +116,14 @@ class Watcher:
     def stop(self):
         self._stop.set()
 
-    def watch_again(self, task: str, address: str, grace: float):
+    def watch_again(self, task: str, address: str, grace: float,
+                    alive: Optional[Callable[[], bool]] = None):
         """Watches `task` again (a replacement took the place of a dead one); its failed
         checks count only after a success or `grace` seconds (TF's channel to the old
-        process may keep failing for a while)."""
+        process may keep failing for a while), or when `alive()`, asked then, says no."""
         self._misses[task] = 0
         self._grace[task] = time.monotonic() + grace
+        self._alive[task] = alive
         self.peers[task] = address
 
     def _run(self):
@@ -143,7 +146,8 @@ class Watcher:
                 if problem is None:
                     misses[task] = 0
                     self._grace.pop(task, None)
-                elif time.monotonic() < self._grace.get(task, 0.0):
+                elif (time.monotonic() < self._grace.get(task, 0.0)
+                      and (self._alive.get(task) is None or self._alive[task]())):
                     continue
                 elif _stored(_DONE_KEY.format(task=task), timeout_in_ms=100) is not None:
                     del self.peers[task]  # it finished its script: nothing to watch
@@ -286,8 +290,11 @@ def watch(spec, abort: Callable[[str, str], None],
     return _watcher
 
 
-def rewatch(task: str, address: str, grace: float = REWATCH_GRACE_SECONDS):
+def rewatch(task: str, address: str, grace: float = REWATCH_GRACE_SECONDS,
+            alive: Optional[Callable[[], bool]] = None):
     """Watches `task` ("/job:worker/replica:0/task:2", at "host:port") again: it was
-    found dead and a replacement took its place (elastic training)."""
+    found dead and a replacement took its place (elastic training). `alive`: asked
+    while a failed check does not count yet (e.g. whether the replacement's store
+    answers), so that a replacement dying at once is found at once too."""
     if _watcher is not None and task != _watcher.me:
-        _watcher.watch_again(task, address, grace)
+        _watcher.watch_again(task, address, grace, alive)

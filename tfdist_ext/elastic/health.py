@@ -20,6 +20,11 @@ HEALTH_TRIES = 2
 GONE, UNREACHABLE = "gone", "unreachable"
 
 
+def store_answers(address: str) -> bool:
+    """Whether the elastic store at `address` answers within `HEALTH_TIMEOUT_SECONDS`."""
+    return store.Client(address).answers(HEALTH_TIMEOUT_SECONDS)
+
+
 def dead_members(members: Iterable[int], me: int, stores: Mapping[int, str],
                  known: Optional[Mapping[int, str]] = None) -> Dict[int, str]:
     """The workers of `members` other than `me` that do not answer: {worker: GONE or

@@ -37,6 +37,7 @@ SIGTERM, or found a straggler (`stragglers`), leaves after a step (`leaving`).
 """
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -217,10 +218,10 @@ class Recovery:
     def _alive_again(self, workers):
         """Forgets reported deaths of `workers` (replacements now); watches them again."""
         with self._lock:
-            for worker in workers:
-                self._reported_dead.pop(worker, None)
-        for worker in workers:
-            liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker])
+            self._reported_dead = {w: k for w, k in self._reported_dead.items() if w not in workers}
+        for worker in workers:  # TF's channel may fail a while; a dead store will not
+            liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker],
+                             alive=functools.partial(health.store_answers, self._stores[worker]))
 
     def _meeting(self):
         """The members' store for the wire-up of new communicators; a wait there for a
