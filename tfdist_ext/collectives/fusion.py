@@ -55,17 +55,18 @@ def fused_all_reduce(tensors, reduce_flat, bytes_per_pack: int = 0, plan=None):
 def densified(values):
     """IndexedSlices made dense for a fused all-reduce, and the way back.
 
-    Each IndexedSlices whose dense shape is static is replaced by its dense tensor, and a vector of its row counts (how often each
-    row appears in its indices) is appended to the values: summed with the
-    others, it says which rows any replica touched. `restore` turns the reduced
-    dense tensor back into IndexedSlices of those rows, so that an optimizer's
-    sparse update touches the rows one process's would. One difference stays:
-    a row looked up several times arrives summed, so Keras' Adam squares the
-    sum where one process squares each lookup's gradient (SGD and momentum are
-    the same either way). On the wire: the
-    dense tensor plus 1/row-width more, 2(p-1)/p x of it per worker, against
-    TF's all-gather of every worker's rows: dense wins unless a batch touches
-    a small fraction of a large vocabulary, and costs a dense copy's memory.
+    Each IndexedSlices whose dense shape is static is replaced by its dense
+    tensor, and a vector of its row counts (how often each row appears in its
+    indices) is appended to the values: summed with the others, it says which
+    rows any replica touched. `restore` turns the reduced dense tensor back into
+    IndexedSlices of those rows, so that an optimizer's sparse update touches the
+    rows one process's would. One difference stays: a row looked up several
+    times arrives summed, so Keras' Adam squares the sum where one process
+    squares each lookup's gradient (SGD and momentum are the same either way).
+    On the wire: the dense tensor plus 1/row-width more, 2(p-1)/p x of it per
+    worker, against TF's all-gather of every worker's rows: dense wins unless a
+    batch touches a small fraction of a large vocabulary, and costs a dense
+    copy's memory.
 
     Args:
         values: A flat list of tensors and IndexedSlices.

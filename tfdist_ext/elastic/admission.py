@@ -66,17 +66,17 @@ class Requests:
             self._handled.update(key for key, _ in requests.values())
             self.flag.assign(0.0)
         # An old request of a replacement that died since names a dead store.
-        return {w: r for w, r in requests.items()
-                if store.Client(r[1]).answers(health.HEALTH_TIMEOUT_SECONDS)}
+        return {w: r for w, r in requests.items() if health.store_answers(r[1])}
 
     def settled(self, joined=()):
         """Every member, at an admission: the agreed request is being acted on, and the
         requests of the `joined` workers in this worker's store are done (were it the
         leader later, it would otherwise admit one again, naming a store that is gone)."""
         self.agreed.assign(0.0)
+        joined = set(joined)
         with self._lock:
             self._handled.update(key for key in self._store.items(self._key)
-                                 if int(key.split("/")[-2]) in set(joined))
+                                 if joining.requester(key) in joined)
 
     def _pending(self, items: Mapping[str, str]):
         return joining.pending(items, self._members(), self._handled)
@@ -91,8 +91,7 @@ class Requests:
             with self._lock:
                 pending = self._pending(items)
             # An old request of a replacement that died since names a dead store.
-            if any(store.Client(address).answers(health.HEALTH_TIMEOUT_SECONDS)
-                   for _, address in pending.values()):
+            if any(health.store_answers(address) for _, address in pending.values()):
                 with self._lock:  # not admitted while this looked
                     if self._pending(items):
                         self.flag.assign(1.0)

@@ -51,7 +51,6 @@ def dead_members(members: Iterable[int], me: int, stores: Mapping[int, str],
                                           int(HEALTH_TIMEOUT_SECONDS * 1000))
                 break
             except Exception as err:  # pylint: disable=broad-except  (a failure is a miss)
-                if attempt + 1 == HEALTH_TRIES and not store.Client(
-                        stores[worker]).answers(HEALTH_TIMEOUT_SECONDS):
+                if attempt + 1 == HEALTH_TRIES and not store_answers(stores[worker]):
                     dead[worker] = UNREACHABLE if liveness.timed_out(err) else GONE
     return dead

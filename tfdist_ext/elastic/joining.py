@@ -28,6 +28,11 @@ def request_key(prefix: str, worker: int, nonce: str) -> str:
     return f"{prefix}/join/{worker}/{nonce}"
 
 
+def requester(request: str) -> int:
+    """The worker whose join request `request` (a `request_key`) is."""
+    return int(request.split("/")[-2])
+
+
 def admitted_key(request: str) -> str:
     """The key of the admission that answers the join request `request`."""
     return request.replace("/join/", "/admitted/", 1)
@@ -47,7 +52,7 @@ def pending(items: Mapping[str, str], members: Iterable[int],
     """
     latest: Dict[int, Tuple[str, str]] = {}
     for key in sorted(items):
-        latest[int(key.split("/")[-2])] = (key, items[key])
+        latest[requester(key)] = (key, items[key])
     members, handled = set(members), set(handled)
     return {worker: request for worker, request in latest.items()
             if worker not in members and request[0] not in handled}

@@ -139,8 +139,8 @@ def _check_stragglers(recovery, strategy, steps):
 
 def _straggler_left(monitor, steps):
     """Whether the stop request after step `steps` was a straggler's (found a step before)."""
-    return monitor is not None and bool(monitor.removed) and monitor.removed[-1]["step"] == \
-        steps - 1
+    return (monitor is not None and bool(monitor.removed)
+            and monitor.removed[-1]["step"] == steps - 1)
 
 
 def _seconds(values):
@@ -151,11 +151,11 @@ def _leave(recovery, model, progress, preemption):
     """The worker asked to stop ends its process (exit code 0); the others go on."""
     monitor = recovery.stragglers
     straggler = monitor is not None and monitor.leaving
+    reason = ("a straggler" if straggler or _straggler_left(monitor, progress.steps)
+              else "asked to stop")
     try:
         outcome = leaving.leave(recovery, progress.steps,
-                                preemption.signal_name is not None or straggler,
-                                "a straggler" if straggler or _straggler_left(monitor, progress.steps)
-                                else "asked to stop")
+                                preemption.signal_name is not None or straggler, reason)
     except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died meanwhile
         _recover(recovery, model, progress, err)
         return

@@ -156,6 +156,7 @@ def _agree(data, strategy, eager=False):
         values.append(preemption.requested.read_value()[None])
     elastic = getattr(strategy, "elastic", None)
     if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
+        join_at = len(values)
         values.append(elastic.join_flag.read_value()[None])
     monitor = elastic.stragglers if elastic is not None else None
     if monitor is not None:  # every worker's busy seconds of the last step
@@ -166,8 +167,7 @@ def _agree(data, strategy, eager=False):
     if preemption is not None:
         preemption.agreed.assign(totals[1])
     if elastic is not None:
-        elastic.join_agreed.assign(totals[len(values) - 1 if monitor is None else -1
-                                          - monitor.workers])
+        elastic.join_agreed.assign(totals[join_at])
     if monitor is not None:
         monitor.table.assign(totals[-monitor.workers:])
         with tf.control_dependencies([totals]):
