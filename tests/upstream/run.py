@@ -11,7 +11,9 @@ TF's MirroredStrategy tests (not in the wheel) check. Keras' backend-independent
 tests (metrics, optimizers; with --all also callbacks and saving) run a second
 time with every TestCase inside the strategy's scope. Exit status 0 when every test that passes with
 MirroredStrategy passes with tfdist_ext.Strategy or is in `SKIPPED` with a
-reason; prints (and writes with --json) pass/fail counts per file and strategy.
+reason; the control runs only the tests ours did not pass (no other test can
+be a regression) and the SKIPPED ones. Prints (and writes with --json) pass/fail counts per file and
+strategy, the control's of the tests it ran.
 A test that deadlocks (no progress for 4 minutes) or crashes the process counts as
 "hung" or "crashed" and the rest run on in a new process: a hang in the control
 cannot stop the comparison, and one in ours is a regression.
@@ -88,8 +90,15 @@ def scoped_files(packages):
 
 
 def run(strategy, files, timeout=1200, scoped=False, stall=240):
-    """{test id: outcome} of pytest with `strategy` ("tfdist" or "mirrored"), every
-    Keras TestCase inside its scope when `scoped`.
+    """{test id: outcome} of `run_nodes`."""
+    return {_test_id(nodeid): outcome
+            for nodeid, outcome in run_nodes(strategy, files, timeout, scoped, stall).items()}
+
+
+def run_nodes(strategy, files, timeout=1200, scoped=False, stall=240, skip=()):
+    """{pytest node id: outcome} of pytest with `strategy` ("tfdist" or
+    "mirrored"), every Keras TestCase inside its scope when `scoped`; the node
+    ids in `skip` are not run.
 
     A test that makes no progress for `stall` seconds (a deadlock in TF's
     runtime) or kills the process is recorded as "hung" or "crashed", and
@@ -98,6 +107,7 @@ def run(strategy, files, timeout=1200, scoped=False, stall=240):
     """
     deadline = time.monotonic() + timeout
     outcomes = {}
+    skip = set(skip)
     with tempfile.TemporaryDirectory() as tmp:
         log, deselect = pathlib.Path(tmp) / "log.jsonl", pathlib.Path(tmp) / "deselect"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "upstream_strategy",
@@ -112,6 +122,7 @@ def run(strategy, files, timeout=1200, scoped=False, stall=240):
                    UPSTREAM_DESELECT=str(deselect),
                    PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
         env.pop("TF_CONFIG", None)
+        deselect.write_text("".join(f"{nodeid}\n" for nodeid in skip))
         while True:
             log.write_text("")
             finished, output = _pytest(command, env, log, stall, deadline)
@@ -123,7 +134,7 @@ def run(strategy, files, timeout=1200, scoped=False, stall=240):
                     outcomes[entry["nodeid"]] = entry["outcome"]
                     started = None
             if finished == "exited" and started is None:
-                if not outcomes:
+                if not outcomes and not skip:
                     raise RuntimeError(f"pytest ran no test with {strategy}:\n{output}")
                 break
             if started is None:
@@ -132,8 +143,8 @@ def run(strategy, files, timeout=1200, scoped=False, stall=240):
             outcomes[started] = "hung" if finished == "stalled" else "crashed"
             print(f"{strategy}: {started} {outcomes[started]}; running the rest again",
                   file=sys.stderr, flush=True)
-            deselect.write_text("\n".join(outcomes) + "\n")
-    return {_test_id(nodeid): outcome for nodeid, outcome in outcomes.items()}
+            deselect.write_text("".join(f"{nodeid}\n" for nodeid in skip | set(outcomes)))
+    return outcomes
 
 
 def _pytest(command, env, log, stall, deadline):
@@ -187,10 +198,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     files = test_files()
     scoped = scoped_files(SCOPED_ALL if args.all else SCOPED_CI)
-    ours, control = run("tfdist", files), run("mirrored", files)
-    for results, strategy in ((ours, "tfdist"), (control, "mirrored")):
-        results.update({f"in scope: {test_id}": outcome for test_id, outcome
-                        in run(strategy, scoped, scoped=True).items()})
+    ours, control = {}, {}
+    for tests, in_scope in ((files, False), (scoped, True)):
+        # The control runs only where ours did not pass (no other test can be a
+        # regression) and the SKIPPED tests (whose reason needs it to pass).
+        mine = run_nodes("tfdist", tests, scoped=in_scope)
+        theirs = run_nodes("mirrored", tests, scoped=in_scope,
+                           skip=[n for n, outcome in mine.items()
+                                 if outcome == "passed" and _test_id(n) not in SKIPPED])
+        prefix = "in scope: " if in_scope else ""
+        ours.update({prefix + _test_id(n): outcome for n, outcome in mine.items()})
+        control.update({prefix + _test_id(n): outcome for n, outcome in theirs.items()})
     counts, regressions = compare(ours, control)
     for file, c in counts.items():
         print(f"{file}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
