@@ -37,9 +37,13 @@ admission, the seconds the members did not step beyond their median step.
 survivors of a failure would otherwise step faster than the full job, and
 goodput above 1 would follow.
 
-The model: an MLP (20-128-128-4) on a synthetic 4-class problem with
-overlapping classes (12,000 samples, 4,000 of them for testing), momentum SGD
-0.05/0.9, global batch 96, split by Keras' input among the workers.
+The model: an MLP (20-H-H-4, H = `--hidden`, 128 by default) on a synthetic
+4-class problem with overlapping classes (12,000 samples, 4,000 of them for
+testing), momentum SGD 0.05/0.9, global batch 96, split by Keras' input among
+the workers. With H = 128 the step is mostly communication latency (a ring of
+two steps faster than a ring of three); with H = 1024 it is compute, so
+survivors of a failure carry the dead worker's share of the batch, as on a
+real cluster.
 """
 
 import argparse
@@ -69,6 +73,9 @@ def parse_args(argv=None):
     parser.add_argument("--failures", type=int, default=5, help="kills of the random killer")
     parser.add_argument("--seed", type=int, default=0, help="the random killer's seed")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=128,
+                        help="width of the MLP's two hidden layers; 1024 makes the step "
+                             "compute-bound")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--cpus-per-worker", type=float, default=0.0,
                         help="cap each worker (and its replacements) at this many cores with "
@@ -127,8 +134,9 @@ def work(args):
     x, y, x_test, y_test = data()
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(128, activation="relu"),
-                                  keras.layers.Dense(128, activation="relu"),
+        model = keras.Sequential([keras.Input((20,)),
+                                  keras.layers.Dense(args.hidden, activation="relu"),
+                                  keras.layers.Dense(args.hidden, activation="relu"),
                                   keras.layers.Dense(4)])
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -208,6 +216,8 @@ def job(args, name, kills, out_root, killer=False):
     kill = ",".join(f"{w}@{s}" for w, s in kills) or ""
     from tfdist_ext.launch.cpucap import CpuCaps  # pylint: disable=import-outside-toplevel
 
+    if args.cpus_per_worker:
+        CpuCaps.remove_leftovers("bench")
     caps = (CpuCaps(f"bench-{os.getpid()}-{time.monotonic_ns()}", args.cpus_per_worker)
             if args.cpus_per_worker else contextlib.nullcontext())
 
@@ -215,7 +225,8 @@ def job(args, name, kills, out_root, killer=False):
         env = dict(os.environ, TF_CONFIG=configs[i], TFDIST_ELASTIC="1",
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, __file__, "--worker", str(out), "--workers",
-                   str(args.workers), "--epochs", str(args.epochs), "--kill", kill]
+                   str(args.workers), "--epochs", str(args.epochs), "--kill", kill,
+                   "--hidden", str(args.hidden)]
         with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
             proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT)
@@ -252,7 +263,8 @@ def _supervise(args, out, start, killer):
 
 def uninterrupted_name(args):
     cap = f"-c{args.cpus_per_worker:g}" if args.cpus_per_worker else ""
-    return f"uninterrupted-w{args.workers}-e{args.epochs}{cap}"
+    width = f"-h{args.hidden}" if args.hidden != 128 else ""
+    return f"uninterrupted-w{args.workers}-e{args.epochs}{cap}{width}"
 
 
 def _recorded(out, workers):

@@ -67,3 +67,22 @@ def test_a_leftover_process_is_moved_out_before_the_group_goes():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_groups_of_a_job_whose_process_ended_are_removed():
+    if os.geteuid() != 0 or not _can_cap():
+        pytest.skip("needs root and cgroups")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    alive = os.getpid()
+    stale = cpucap.CpuCaps(f"stale-{ended.pid}-1", 0.5)
+    stale.group(0)
+    kept = cpucap.CpuCaps(f"stale-{alive}-2", 0.5)
+    kept.group(0)
+    try:
+        assert cpucap.CpuCaps.remove_leftovers("stale") == [stale.folder]
+        assert not stale.folder.exists() and kept.folder.exists()
+    finally:
+        kept.close()
+        if stale.folder.exists():
+            stale.close()

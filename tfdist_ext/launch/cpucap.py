@@ -101,20 +101,40 @@ class CpuCaps:
         return 0
 
     def close(self):
-        root = self.folder.parent
-        for group in list(self._groups.values()):
-            procs = (group / "cgroup.procs").read_text().split()
-            for pid in procs:
-                try:
-                    (root / "cgroup.procs").write_text(pid)
-                except OSError:  # the process ended meanwhile
-                    pass
-            group.rmdir()
+        _remove(self.folder, list(self._groups.values()))
         self._groups = {}
-        self.folder.rmdir()
+
+    @staticmethod
+    def remove_leftovers(prefix: str) -> list:
+        """Removes the groups of jobs named `prefix`-PID-... whose process PID ended.
+
+        A job killed by a signal cannot remove its groups; call this before
+        making new ones under the same prefix. Returns the folders removed.
+        """
+        _, root = _hierarchy()
+        removed = []
+        for folder in sorted(root.glob(f"tfdist-{prefix}-*")):
+            pid = folder.name[len(f"tfdist-{prefix}-"):].partition("-")[0]
+            if pid.isdigit() and not pathlib.Path(f"/proc/{pid}").exists():
+                _remove(folder, [g for g in folder.iterdir() if g.is_dir()])
+                removed.append(folder)
+        return removed
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _remove(folder: pathlib.Path, groups: list):
+    """Removes `groups` (folders in `folder`) and `folder`, moving their processes to the root."""
+    root = folder.parent
+    for group in groups:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:  # the process ended meanwhile
+                pass
+        group.rmdir()
+    folder.rmdir()
