@@ -34,13 +34,13 @@ other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
 
 This class routes; each other concern is a part in its own module:
 
-    CrossDeviceOps --- choice   collectives/choice.py   the algorithm per buffer size,
-           |                                            "auto"'s calibration, host layout
-           +-------- wire     collectives/wire.py     the bytes counted per buffer
-           +-------- buckets  bucketing/gradients.py  the gradient bucket plan
-           +-------- engines  collectives/engines.py  the engine objects
-           +-------- GradientReduction  compression/hooks.py  one replica's buckets,
-                                                      compressed and counted
+    CrossDeviceOps --- choice   collectives/choice.py      the algorithm per buffer size,
+           |                                               "auto"'s calibration, host layout
+           +-------- wire     collectives/wire_bytes.py  the bytes counted per buffer
+           +-------- buckets  bucketing/gradients.py     the gradient bucket plan
+           +-------- engines  collectives/engines.py     the engine objects
+           +-------- GradientReduction  compression/reduction_hooks.py
+                              one replica's buckets, compressed and counted
 
 The attributes and methods the strategy, the sync policies, the Keras hooks
 and the tests use (`calibration`, `select_algorithm`, `bucket_plan`,
@@ -54,9 +54,9 @@ import tensorflow as tf
 
 from tfdist_ext import _compat
 from tfdist_ext.bucketing import gradients as gradient_buckets
-from tfdist_ext.collectives import choice, engines, fusion, ucx_engine, wire
+from tfdist_ext.collectives import choice, engines, fusion, ucx_engine, wire_bytes
 from tfdist_ext.collectives import engine as engine_lib
-from tfdist_ext.compression import NoCompression, hooks
+from tfdist_ext.compression import NoCompression, reduction_hooks
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
@@ -134,7 +134,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         """The parts this class delegates to, each in its own module."""
         config, group_size = self.config, self._group_size
         self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
-        self.wire = wire.WireBytes(self.choice, self.first_rank)
+        self.wire = wire_bytes.WireBytes(self.choice, self.first_rank)
         self.buckets = gradient_buckets.GradientBuckets(config.bucketing, self.choice)
         self.engines = engines.Engines(
             config.engine, self._devices, group_size, self.first_rank,
@@ -373,8 +373,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             self._compression = previous
 
     def _gradient_reduction_of(self, replica_id, options):
-        """A `compression.hooks.GradientReduction` for one replica's gradient all-reduce."""
-        return hooks.GradientReduction(
+        """A `reduction_hooks.GradientReduction` for one replica's gradient all-reduce."""
+        return reduction_hooks.GradientReduction(
             self.compression, self.state, replica_id, self.first_rank + replica_id,
             self._group_size,
             all_reduce=lambda t, name: self._reduce_buffer(t, replica_id, options, name),

@@ -250,7 +250,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         return self._cross_ops.bucket_plan
 
     def fit_callbacks(self):
-        """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.hooks`)."""
+        """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.fit_hooks`)."""
         from tfdist_ext.keras import fit_callbacks  # pylint: disable=import-outside-toplevel
         return fit_callbacks.fit_callbacks(self)
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tfdist_ext.ps import sharding
-from tfdist_ext.ps.admission import Admission
+from tfdist_ext.ps.staleness import Admission
 
 
 def test_shard_balances_whole_variables_and_is_deterministic():

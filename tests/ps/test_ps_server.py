@@ -1,6 +1,6 @@
 """A real parameter server (thread) and real UCX mailboxes in this process, against numpy.
 
-The test plays the workers by hand: it sends the messages of `tfdist_ext.ps.wire`
+The test plays the workers by hand: it sends the messages of `tfdist_ext.ps.messages`
 and checks every reply against a numpy simulation of the same updates.
 """
 
@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfdist_ext import _compat
 from tfdist_ext.launch import free_ports
 from tfdist_ext.ops import ucx as ucx_ops
-from tfdist_ext.ps import wire
+from tfdist_ext.ps import messages
 from tfdist_ext.ps.server import ParameterServer
 
 pytestmark = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")
@@ -30,28 +30,29 @@ class Worker:
     """One hand-driven worker: a mailbox connected to the server."""
 
     def __init__(self, port, rank, session=0):
-        self.mailbox = wire.Mailbox(timeout_seconds=20.0)
+        self.mailbox = messages.Mailbox(timeout_seconds=20.0)
         self.peer, self.id = self.mailbox.connect(f"127.0.0.1:{port}", source=0)
         self.session = session
         self.token = _compat.ResourceVariable(0.0)
-        self.mailbox.send(self.peer, wire.tag(wire.HELLO, self.id, rank | (session << 16)))
+        self.mailbox.send(self.peer, messages.tag(messages.HELLO, self.id, rank | (session << 16)))
 
     def init(self, values, **options):
         layout = {"session": self.session, "shapes": SHAPES,
                   "optimizer": keras.optimizers.serialize(options.pop("optimizer")), **options}
-        self.mailbox.send_json(self.peer, wire.tag(wire.INIT, self.id), layout)
-        self.mailbox.send(self.peer, wire.tag(wire.INIT_VALUES, self.id), tf.constant(values))
+        self.mailbox.send_json(self.peer, messages.tag(messages.INIT, self.id), layout)
+        self.mailbox.send(self.peer, messages.tag(messages.INIT_VALUES, self.id),
+                          tf.constant(values))
 
     def request(self, kind):
-        self.mailbox.send(self.peer, wire.tag(kind, self.id, self.session))
-        _, _, value, data = self.mailbox.recv(wire.PARAMS, source=0, watch=self.peer)
+        self.mailbox.send(self.peer, messages.tag(kind, self.id, self.session))
+        _, _, value, data = self.mailbox.recv(messages.PARAMS, source=0, watch=self.peer)
         return value, data.numpy()
 
     def push(self, gradient):
         tags, replies = self.mailbox.exchange(
             self.token.handle, [tf.constant(gradient, tf.float32)], [self.peer],
-            [wire.tag(wire.PUSH, self.id, self.session)], wire.PARAMS, [0])
-        return int(tags.numpy()[0]) & ((1 << wire.VALUE_BITS) - 1), replies[0].numpy()
+            [messages.tag(messages.PUSH, self.id, self.session)], messages.PARAMS, [0])
+        return int(tags.numpy()[0]) & ((1 << messages.VALUE_BITS) - 1), replies[0].numpy()
 
     def leave(self):
         self.mailbox.ops.tfdist_ps_destroy(self.mailbox.handle)
@@ -79,8 +80,8 @@ def test_sgd_with_delay_compensation_matches_numpy(server):
     lr, lam = 0.1, 0.5
     a, b = Worker(ps.mailbox.port, 0), Worker(ps.mailbox.port, 1)
     a.init(w0, workers=2, optimizer=keras.optimizers.SGD(lr), delay_compensation=lam)
-    assert a.request(wire.PULL)[1].tolist() == w0.tolist()
-    assert b.request(wire.PULL)[1].tolist() == w0.tolist()
+    assert a.request(messages.PULL)[1].tolist() == w0.tolist()
+    assert b.request(messages.PULL)[1].tolist() == w0.tolist()
     g1, g2, g3 = _gradients(rng, 3)
     staleness, w1 = a.push(g1)  # computed on w0, applied at once
     assert staleness == 0
@@ -105,7 +106,7 @@ def test_momentum_state_lives_on_the_server_and_the_barrier_releases_everyone(se
     workers = [Worker(ps.mailbox.port, r) for r in range(2)]
     workers[0].init(w, workers=2, optimizer=keras.optimizers.SGD(lr, momentum=mu))
     for worker in workers:
-        worker.request(wire.PULL)
+        worker.request(messages.PULL)
     velocity = np.zeros_like(w)
     for g in _gradients(rng, 4):
         _, reply = workers[0].push(g)
@@ -114,11 +115,11 @@ def test_momentum_state_lives_on_the_server_and_the_barrier_releases_everyone(se
         np.testing.assert_allclose(reply, w, rtol=1e-5, atol=1e-6)
     released = {}
     first = threading.Thread(target=lambda: released.setdefault(
-        0, workers[0].request(wire.BARRIER)))
+        0, workers[0].request(messages.BARRIER)))
     first.start()
     time.sleep(0.5)
     assert 0 not in released  # waits for worker 1
-    _, final = workers[1].request(wire.BARRIER)
+    _, final = workers[1].request(messages.BARRIER)
     first.join(timeout=10)
     np.testing.assert_array_equal(released[0][1], final)
     np.testing.assert_allclose(final, w, rtol=1e-5, atol=1e-6)
@@ -135,7 +136,7 @@ def test_staleness_bound_defers_the_fast_worker(server):
     workers = [Worker(ps.mailbox.port, r) for r in range(3)]
     workers[0].init(w0, workers=3, optimizer=keras.optimizers.SGD(0.1), staleness_bound=2)
     for worker in workers:
-        worker.request(wire.PULL)
+        worker.request(messages.PULL)
     g = _gradients(rng, 4)
     assert workers[0].push(g[0])[0] == 0
     second = {}
@@ -180,8 +181,8 @@ def test_a_dead_server_fails_the_worker_at_once_naming_it():
 
 
 def test_connecting_to_nobody_fails_after_the_connect_window(monkeypatch):
-    monkeypatch.setattr(wire, "CONNECT_SECONDS", 1.0)
-    mailbox = wire.Mailbox(timeout_seconds=5.0)
+    monkeypatch.setattr(messages, "CONNECT_SECONDS", 1.0)
+    mailbox = messages.Mailbox(timeout_seconds=5.0)
     with pytest.raises(tf.errors.UnavailableError, match=r"no parameter server answered at 127.0.0.1:9 within 1 s"):
         mailbox.connect("127.0.0.1:9", source=0)
     mailbox.ops.tfdist_ps_destroy(mailbox.handle)

@@ -14,7 +14,7 @@ from tfdist_ext.compression.bf16 import BF16
 from tfdist_ext.compression.error_feedback import (compress_with_feedback,
                                                    compress_with_momentum_correction)
 from tfdist_ext.compression.fp16 import FP16
-from tfdist_ext.compression.hooks import Bucket, Communicator, reduce_bucket
+from tfdist_ext.compression.reduction_hooks import Bucket, Communicator, reduce_bucket
 from tfdist_ext.compression.int8 import Int8
 from tfdist_ext.compression.powersgd import PowerSGD
 from tfdist_ext.compression.qsgd import QSGD

@@ -49,7 +49,7 @@ import tensorflow as tf
 from tfdist_ext import _compat, liveness
 from tfdist_ext.collectives import ucx_engine
 from tfdist_ext.elastic import (admission, beacon, fencing, health, joining, membership,
-                                state, store, stragglers)
+                                state_sync, store, stragglers)
 
 log = logging.getLogger("tfdist_ext")
 RECOVERY_ATTEMPTS = 3  # agreements per failed step (another death can end one)
@@ -395,6 +395,6 @@ class Recovery:
                 "min_workers.")
 
     def broadcast_state(self, variables):
-        """Gives every member rank 0's values of `variables` (eager; `state.broadcast`)."""
-        state.broadcast(self._strategy.extended.cross_device_ops.collective_engine(),
+        """Gives every member rank 0's values of `variables` (eager; `state_sync.broadcast`)."""
+        state_sync.broadcast(self._strategy.extended.cross_device_ops.collective_engine(),
                         variables)

@@ -132,12 +132,12 @@ class CommunicationStats(keras.callbacks.Callback):
         written = getattr(self, "_written_decisions", 0)
         if len(decisions) <= written:
             return
-        from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.keras import adaptive_controller  # pylint: disable=import-outside-toplevel
         with self._writer.as_default(step=epoch):
             for decision in decisions[written:]:
                 tf.summary.text("tfdist/compression_decisions",
                                 f"step {decision['step']} ({decision['reason']}):\n\n"
-                                + adaptive.format_decision(decision))
+                                + adaptive_controller.format_decision(decision))
         self._written_decisions = len(decisions)
 
     def on_train_end(self, logs=None):

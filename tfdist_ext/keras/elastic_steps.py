@@ -2,7 +2,7 @@
 a worker died is discarded, and `fit` (or `evaluate`, validation included) goes on
 with the survivors (`tfdist_ext.elastic`).
 
-`tfdist_ext.keras.hooks` wraps the train and test functions that Keras calls
+`tfdist_ext.keras.fit_hooks` wraps the train and test functions that Keras calls
 once per step; a failed test step's batch is left out of the metrics. On a failed step the
 wrapper has the strategy's `elastic.recovery.Recovery` agree on the survivors
 and rebuild the communicators, traces Keras' functions again, gives every

@@ -1,6 +1,6 @@
 """The callbacks `fit` adds first under a `tfdist_ext.Strategy` (`Strategy.fit_callbacks`).
 
-`tfdist_ext.keras.hooks` puts them at the head of every `fit`'s callback
+`tfdist_ext.keras.fit_hooks` puts them at the head of every `fit`'s callback
 list. Which ones depends on the strategy's configuration:
 
 * always `optimizer_check.OptimizerCheck` (warns before the first step when
@@ -9,7 +9,7 @@ list. Which ones depends on the strategy's configuration:
 * `MomentumCheck` for compressors with momentum correction;
 * `SyncCallback` for a sync policy's runner, else (several replicas)
   `DrainPoints` around a `sync.runner.BufferAverager`;
-* `adaptive.AdaptiveCompression` for ``compression="adaptive"``;
+* `adaptive_controller.AdaptiveCompression` for ``compression="adaptive"``;
 * `backward_profile.BackwardProfile` for bucketing planners that use backward
   times, while they are being profiled or tuned;
 * `job_profile.JobProfile` when ``TFDIST_PROFILE_DIR`` asks for a profile of
@@ -57,8 +57,9 @@ def fit_callbacks(strategy) -> list:
         callbacks.append(DrainPoints(state["buffer_averager"]))
     if isinstance(config.compression, compression.Adaptive):
         if "adaptive" not in state:
-            from tfdist_ext.keras import adaptive  # pylint: disable=import-outside-toplevel
-            state["adaptive"] = adaptive.AdaptiveCompression(strategy)
+            # pylint: disable-next=import-outside-toplevel
+            from tfdist_ext.keras import adaptive_controller
+            state["adaptive"] = adaptive_controller.AdaptiveCompression(strategy)
         callbacks.append(state["adaptive"])
     if getattr(config.bucketing, "uses_backward_times", False):
         if "bucket_tuner" not in state:

@@ -19,16 +19,16 @@ its name, its signature and what the wrapper assumes it does.
 patched (Keras 3.15.1) -> wrapper             why
 --------------------------------------------  ------------------------------------------------------
 TFOptimizer._backend_update_step              a relaxed sync policy's runner replaces
-  -> hooks.wrap_update_step                   all-reduce-then-apply
+  -> fit_hooks.wrap_update_step               all-reduce-then-apply
 TensorFlowTrainer.make_train_function         the runner's train step, or the one weighting uneven
-  -> hooks.wrap_make_train_function           batches; worker-local logs; XLA around the collectives
+  -> fit_hooks.wrap_make_train_function       batches; worker-local logs; XLA around the collectives
 TensorFlowTrainer.make_test_function          XLA around the collectives (`jit_compile`)
-  -> hooks.wrap_make_test_function
+  -> fit_hooks.wrap_make_test_function
 TensorFlowTrainer.fit                         Strategy.fit_callbacks() first, write-once file
-  -> hooks.wrap_fit                           callbacks, padded inputs, data order, a common stop on
+  -> fit_hooks.wrap_fit                       callbacks, padded inputs, data order, a common stop on
                                               SIGTERM
 TensorFlowTrainer.evaluate, .predict          inputs padded to the workers' common number of batches
-  -> hooks.wrap_inference
+  -> fit_hooks.wrap_inference
 keras_loss.scale_loss_for_distribution        each replica weighted by its share of the global batch
   -> uneven.wrap_scale                        (a module function)
 keras_loss.unscale_loss_for_distribution      its inverse, likewise
@@ -90,7 +90,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.keras import (hooks, iterator_specs, local_input, optimizer_fixes,
+from tfdist_ext.keras import (fit_hooks, iterator_specs, local_input, optimizer_fixes,
                               patch_check, saving, uneven)
 
 _lock = threading.Lock()
@@ -102,12 +102,12 @@ def _process_patches():
     trainer, optimizer = _compat.TensorFlowTrainer, _compat.TFOptimizer
     loss, nn = _compat.keras_loss, _compat.keras_tf_nn
     return (
-        (optimizer, "_backend_update_step", hooks.wrap_update_step),
-        (trainer, "make_train_function", hooks.wrap_make_train_function),
-        (trainer, "make_test_function", hooks.wrap_make_test_function),
-        (trainer, "fit", hooks.wrap_fit),
-        (trainer, "evaluate", hooks.wrap_inference),
-        (trainer, "predict", hooks.wrap_inference),
+        (optimizer, "_backend_update_step", fit_hooks.wrap_update_step),
+        (trainer, "make_train_function", fit_hooks.wrap_make_train_function),
+        (trainer, "make_test_function", fit_hooks.wrap_make_test_function),
+        (trainer, "fit", fit_hooks.wrap_fit),
+        (trainer, "evaluate", fit_hooks.wrap_inference),
+        (trainer, "predict", fit_hooks.wrap_inference),
         (loss, "scale_loss_for_distribution", uneven.wrap_scale),
         (loss, "unscale_loss_for_distribution", uneven.wrap_unscale),
         (trainer, "_maybe_symbolic_build", uneven.wrap_symbolic_build),

@@ -35,8 +35,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext.ps import wire
-from tfdist_ext.ps.admission import Admission
+from tfdist_ext.ps import messages
+from tfdist_ext.ps.staleness import Admission
 
 log = logging.getLogger("tfdist_ext")
 _PEER = re.compile(r"\bpeer (\d+) failed")
@@ -61,7 +61,7 @@ class _Session:
         self.optimizer.build(self.variables)
         self.dc_lambda = float(layout.get("delay_compensation") or 0.0)
         self.admission = Admission(layout.get("staleness_bound"))
-        self.histogram = np.zeros([self.workers, wire.HISTOGRAM_BINS], np.int64)
+        self.histogram = np.zeros([self.workers, messages.HISTOGRAM_BINS], np.int64)
         self.dropped = np.zeros([self.workers], np.int64)
         self.reported = 0  # the version of the last report
         self.backup = {}  # peer -> the parameters it computes on (DC-ASGD)
@@ -104,7 +104,7 @@ class ParameterServer:
 
     def __init__(self, index: int, port: int, timeout_seconds: float = 0.0):
         self.index = index
-        self.mailbox = wire.Mailbox(timeout_seconds, listen_port=port, source=index)
+        self.mailbox = messages.Mailbox(timeout_seconds, listen_port=port, source=index)
         self.ranks = {}       # peer -> (worker rank, session)
         self.active = set()   # peers computing on pulled parameters
         self.gone = set()     # peers that disconnected
@@ -157,11 +157,11 @@ class ParameterServer:
         return True
 
     def _handle(self, kind, peer, value, data):
-        if kind == wire.HELLO:
+        if kind == messages.HELLO:
             self.ranks[peer] = (value & 0xFFFF, value >> 16)
-        elif kind == wire.INIT:
+        elif kind == messages.INIT:
             self._layout = json.loads(bytes(data.numpy()).decode())
-        elif kind == wire.INIT_VALUES:
+        elif kind == messages.INIT_VALUES:
             values = tf.bitcast(tf.reshape(data, [-1, 4]), tf.float32).numpy()
             self._report()
             self.session = _Session(self.index, self._layout, values)
@@ -170,17 +170,17 @@ class ParameterServer:
             waiting, self.waiting = self.waiting, []
             for other_kind, other in waiting:
                 self._handle(other_kind, other, self.session.number, None)
-        elif kind == wire.INIT_STATE:
+        elif kind == messages.INIT_STATE:
             self.session.load_state(tf.bitcast(tf.reshape(data, [-1, 8]), tf.float64).numpy())
-        elif kind == wire.STATE:
-            self.mailbox.send(peer, wire.tag(wire.STATE_VALUES, self.index),
+        elif kind == messages.STATE:
+            self.mailbox.send(peer, messages.tag(messages.STATE_VALUES, self.index),
                               self.session.state())
-        elif kind in (wire.PULL, wire.REST):
+        elif kind in (messages.PULL, messages.REST):
             if self.session is None or self.session.number != value:
                 self.waiting.append((kind, peer))
             else:
-                self._send_params(peer, 0, rest=kind == wire.REST)
-        elif kind == wire.PUSH:
+                self._send_params(peer, 0, rest=kind == messages.REST)
+        elif kind == messages.PUSH:
             gradient = tf.bitcast(tf.reshape(data, [-1, 4]), tf.float32)
             if gradient.shape[0] != sum(self.session.sizes):
                 raise ValueError(f"a gradient of {gradient.shape[0]} values for "
@@ -189,7 +189,7 @@ class ParameterServer:
             self.active.add(peer)
             self.pending[peer] = gradient
             self._admit()
-        elif kind == wire.BARRIER:
+        elif kind == messages.BARRIER:
             self.barrier.append(peer)
             self.active.discard(peer)
             self.session.admission.rest(self._rank(peer))
@@ -216,7 +216,7 @@ class ParameterServer:
             self.active.discard(peer)
         else:
             self.active.add(peer)
-        self.mailbox.send(peer, wire.tag(wire.PARAMS, self.index, value), params)
+        self.mailbox.send(peer, messages.tag(messages.PARAMS, self.index, value), params)
 
     def _admit(self):
         session = self.session
@@ -230,12 +230,12 @@ class ParameterServer:
             gradient = self.pending.pop(peer)
             if not apply:
                 session.dropped[rank] += 1
-                self._send_params(peer, wire.DROPPED | session.admission.staleness(rank))
+                self._send_params(peer, messages.DROPPED | session.admission.staleness(rank))
                 continue
             backup = session.backup.get(peer, gradient) if session.dc_lambda else gradient
             session.apply(gradient, backup)
             staleness = session.admission.applied(rank)
-            session.histogram[rank, min(staleness, wire.HISTOGRAM_BINS - 1)] += 1
+            session.histogram[rank, min(staleness, messages.HISTOGRAM_BINS - 1)] += 1
             self._send_params(peer, staleness)
 
     def _report(self):

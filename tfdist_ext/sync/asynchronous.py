@@ -56,7 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.ps import optimizer_layout, sharding, wire
+from tfdist_ext.ps import messages, optimizer_layout, sharding
 from tfdist_ext.registry import boolean
 from tfdist_ext.sync import momentum
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
@@ -147,7 +147,7 @@ class _Client:
     """One replica's connections: a mailbox, its token, and a peer and id per server."""
 
     def __init__(self, servers, rank, session, timeout_seconds, device):
-        self.mailbox = wire.Mailbox(timeout_seconds)
+        self.mailbox = messages.Mailbox(timeout_seconds)
         with tf.device(device):
             self.token = _compat.ResourceVariable(0.0, trainable=False)
         self.peers, self.ids = [], []
@@ -155,10 +155,10 @@ class _Client:
             peer, ident = self.mailbox.connect(address, source=index)
             self.peers.append(peer)
             self.ids.append(ident)
-            self.mailbox.send(peer, wire.tag(wire.HELLO, ident, rank | (session << 16)))
+            self.mailbox.send(peer, messages.tag(messages.HELLO, ident, rank | (session << 16)))
 
     def tags(self, kind, session):
-        return [wire.tag(kind, ident, session) for ident in self.ids]
+        return [messages.tag(kind, ident, session) for ident in self.ids]
 
 
 class _AsyncRunner(PolicyRunner):
@@ -174,7 +174,7 @@ class _AsyncRunner(PolicyRunner):
         self._started = False
         with _compat.init_scope(), tf.device(self.cross_ops.devices[0]):
             self.histogram = _compat.ResourceVariable(
-                tf.zeros([self.num_local, wire.HISTOGRAM_BINS + 1], tf.int64), trainable=False,
+                tf.zeros([self.num_local, messages.HISTOGRAM_BINS + 1], tf.int64), trainable=False,
                 name="async_staleness")
 
     # -- eager ------------------------------------------------------------
@@ -195,7 +195,7 @@ class _AsyncRunner(PolicyRunner):
             return
         self._started = True
         if self.clients is not None:
-            self._pull(model, wire.PULL)
+            self._pull(model, messages.PULL)
             return
         variables = [tf_variable(v) for v in model.trainable_variables]
         for v in variables:
@@ -215,7 +215,7 @@ class _AsyncRunner(PolicyRunner):
                             for i in range(self.num_local)]
         if self.first_rank == 0:
             self._initialize_servers(model, variables, server_optimizer)
-        self._pull(model, wire.PULL)
+        self._pull(model, messages.PULL)
         log.info("tfdist_ext: sync='async' over %d parameter server(s) %s; variables per "
                  "server %s", len(self.servers), self.servers, [len(s) for s in self.shards])
 
@@ -243,21 +243,21 @@ class _AsyncRunner(PolicyRunner):
                       "staleness_bound": self.policy.staleness_bound,
                       "delay_compensation": self.policy.delay_compensation}
             peer, ident = chief.peers[server], chief.ids[server]
-            chief.mailbox.send_json(peer, wire.tag(wire.INIT, ident), layout)
+            chief.mailbox.send_json(peer, messages.tag(messages.INIT, ident), layout)
             values = self._flat([variables[j].read_value() for j in members])
-            chief.mailbox.send(peer, wire.tag(wire.INIT_VALUES, ident), values)
+            chief.mailbox.send(peer, messages.tag(messages.INIT_VALUES, ident), values)
             if restored:
                 state = tf.concat([tf.reshape(tf.cast(v.value, tf.float64), [-1])
                                    for v, _ in self.slots[server]], 0)
-                chief.mailbox.send(peer, wire.tag(wire.INIT_STATE, ident), state)
+                chief.mailbox.send(peer, messages.tag(messages.INIT_STATE, ident), state)
 
     def _pull_state(self):
         """Copies the servers' optimizer variables into this worker's optimizer (checkpoints)."""
         client = self.clients[0]
-        for peer, message_tag in zip(client.peers, client.tags(wire.STATE, self.session)):
+        for peer, message_tag in zip(client.peers, client.tags(messages.STATE, self.session)):
             client.mailbox.send(peer, message_tag)
         for _ in self.servers:
-            _, source, _, data = client.mailbox.recv(wire.STATE_VALUES, watch=-1,
+            _, source, _, data = client.mailbox.recv(messages.STATE_VALUES, watch=-1,
                                                      dtype=tf.float64)
             offset = 0
             for variable, owner in self.slots[source]:
@@ -278,7 +278,7 @@ class _AsyncRunner(PolicyRunner):
         for i, client in enumerate(self.clients):
             replies = [None] * len(self.servers)
             for _ in self.servers:
-                _, source, _, data = client.mailbox.recv(wire.PARAMS, watch=-1)
+                _, source, _, data = client.mailbox.recv(messages.PARAMS, watch=-1)
                 replies[source] = data
             for c, value in zip(components, self._split(replies, variables)):
                 c[i].assign(value)
@@ -286,7 +286,7 @@ class _AsyncRunner(PolicyRunner):
 
     def drain(self, model):
         """Takes the servers' current parameters and optimizer state (no barrier); logs staleness."""
-        self._pull(model, wire.PULL)
+        self._pull(model, messages.PULL)
         self._pull_state()
         stats = self.stats()
         if stats.get("async_steps"):
@@ -297,7 +297,7 @@ class _AsyncRunner(PolicyRunner):
     def on_test_begin(self, model):
         """Evaluation reduces over all workers: pause, so that nobody waits for us."""
         self.strategy.keep_logs_local(False)
-        self._pull(model, wire.REST)
+        self._pull(model, messages.REST)
 
     def on_test_end(self, model):
         self.strategy.keep_logs_local(True)
@@ -308,7 +308,7 @@ class _AsyncRunner(PolicyRunner):
         The BatchNorm statistics, which stayed per worker, are averaged here.
         """
         self.strategy.keep_logs_local(False)
-        self._pull(model, wire.BARRIER)
+        self._pull(model, messages.BARRIER)
         self._pull_state()
         self.average_buffers(model)
 
@@ -328,13 +328,14 @@ class _AsyncRunner(PolicyRunner):
             pushes = [self._flat([per_replica[j][i] for j in members])
                       for members in self.shards]
             tags, replies = client.mailbox.exchange(
-                client.token.handle, pushes, client.peers, client.tags(wire.PUSH, self.session),
-                wire.PARAMS, range(len(self.servers)))
-            values = wire.value_of(tags)
-            dropped = tf.reduce_any(values >= wire.DROPPED)
-            staleness = tf.minimum(tf.reduce_max(values % wire.DROPPED), wire.HISTOGRAM_BINS - 1)
+                client.token.handle, pushes, client.peers, client.tags(messages.PUSH, self.session),
+                messages.PARAMS, range(len(self.servers)))
+            values = messages.value_of(tags)
+            dropped = tf.reduce_any(values >= messages.DROPPED)
+            staleness = tf.minimum(tf.reduce_max(values % messages.DROPPED),
+                                   messages.HISTOGRAM_BINS - 1)
             # A refused gradient lands in the last column (never a staleness bin).
-            column = tf.where(dropped, tf.constant(wire.HISTOGRAM_BINS, tf.int64), staleness)
+            column = tf.where(dropped, tf.constant(messages.HISTOGRAM_BINS, tf.int64), staleness)
             updates.append(self.histogram.scatter_nd_add([[i, column]], [1]))
             for c, value in zip(components, self._split(replies, variables)):
                 updates.append(c[i].assign(value))

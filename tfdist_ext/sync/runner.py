@@ -1,6 +1,6 @@
 """What every sync policy's runner shares: applying updates and averaging parameters.
 
-A runner lives as long as its strategy. `tfdist_ext.keras.hooks` calls it from
+A runner lives as long as its strategy. `tfdist_ext.keras.fit_hooks` calls it from
 inside Keras' train step (replica context):
 
 * `update_step` replaces Keras' "all-reduce the gradients, then apply" step

@@ -156,7 +156,7 @@ class GradientReduction:
             (the strategy's dense all-reduce).
         all_gather: ``fn(1-D tensor, bucket_name) -> the replicas' tensors``.
         dense_bytes: ``fn(num_elements, dtype, refine) -> bytes`` this replica
-            sends to all-reduce such a buffer densely (`collectives.wire`).
+            sends to all-reduce such a buffer densely (`collectives.wire_bytes`).
         key_prefix: Prefix of the buckets' names ("delta_" for what relaxed
             sync policies send instead of gradients).
 
