@@ -39,9 +39,10 @@ goodput above 1 would follow.
 
 The model: an MLP (20-H-H-4, H = `--hidden`, 128 by default) on a synthetic
 4-class problem with overlapping classes (12,000 samples, 4,000 of them for
-testing), momentum SGD 0.05/0.9, global batch 96, split by Keras' input among
-the workers. With H = 128 the step is mostly communication latency (a ring of
-two steps faster than a ring of three); with H = 1024 it is compute, so
+testing), momentum SGD 0.05/0.9, global batch `--batch` (96), split by Keras'
+input among the workers. With H = 128 and batch 96 the step is mostly
+communication latency and per-step overhead (a ring of two steps faster than a
+ring of three); raise H and the batch until compute dominates, so that the
 survivors of a failure carry the dead worker's share of the batch, as on a
 real cluster.
 """
@@ -73,9 +74,10 @@ def parse_args(argv=None):
     parser.add_argument("--failures", type=int, default=5, help="kills of the random killer")
     parser.add_argument("--seed", type=int, default=0, help="the random killer's seed")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=96, help="the global batch size")
     parser.add_argument("--hidden", type=int, default=128,
-                        help="width of the MLP's two hidden layers; 1024 makes the step "
-                             "compute-bound")
+                        help="width of the MLP's two hidden layers (raise it and --batch "
+                             "for a compute-bound step)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--cpus-per-worker", type=float, default=0.0,
                         help="cap each worker (and its replacements) at this many cores with "
@@ -190,7 +192,7 @@ def work(args):
 
     kills = [tfdist_ext.elastic.KillAt(w, s) for w, s in args.kills]
     start = time.time()
-    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(96), epochs=args.epochs,
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch), epochs=args.epochs,
               verbose=0, callbacks=[Log()] + kills)
     seconds = time.time() - start
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
@@ -226,7 +228,7 @@ def job(args, name, kills, out_root, killer=False):
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, __file__, "--worker", str(out), "--workers",
                    str(args.workers), "--epochs", str(args.epochs), "--kill", kill,
-                   "--hidden", str(args.hidden)]
+                   "--hidden", str(args.hidden), "--batch", str(args.batch)]
         with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
             proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT)
@@ -263,7 +265,8 @@ def _supervise(args, out, start, killer):
 
 def uninterrupted_name(args):
     cap = f"-c{args.cpus_per_worker:g}" if args.cpus_per_worker else ""
-    width = f"-h{args.hidden}" if args.hidden != 128 else ""
+    width = (f"-h{args.hidden}" if args.hidden != 128 else "") + (
+        f"-b{args.batch}" if args.batch != 96 else "")
     return f"uninterrupted-w{args.workers}-e{args.epochs}{cap}{width}"
 
 

@@ -30,7 +30,7 @@ def summarize(args, whole, broken, killed, codes):
     reference = whole[min(whole)]
     return {
         "workers": args.workers, "kills": args.kills, "epochs": args.epochs,
-        "hidden": args.hidden,
+        "hidden": args.hidden, "batch": args.batch,
         "exit_codes": codes, "cores": os.cpu_count(),
         "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
                           "final_loss": reference["curve"][-1][2]},
@@ -99,6 +99,7 @@ def summarize_random(args, whole, broken, kills, codes, out):
         "identical_weights": len({r.get("sha") for r in broken.values()}) == 1,
         "kill_times": [when - began for _, when in kills],
         "workers": args.workers, "mtbf": args.mtbf, "kills": len(kills), "hidden": args.hidden,
+        "batch": args.batch,
         "cpus_per_worker": args.cpus_per_worker or None,
         "epochs": args.epochs, "exit_codes": codes, "cores": os.cpu_count(),
         "uninterrupted": {"accuracy": reference["accuracy"], "seconds": reference["seconds"],
