@@ -17,7 +17,7 @@ MIRRORED = ROOT / "tfdist_ext" / "horovod"
 LAYERS = (
     ("_compat", "registry", "ops", "coordination", "liveness", "cluster", "startup", "state"),
     ("collectives", "compression", "bucketing", "ps"),
-    ("sync", "cross_device_ops", "elastic"),
+    ("sync", "cross_device_ops", "elastic", "zero"),
     ("strategy", "strategy_config", "strategy_extended", "early"),
     ("keras", "distribution", "horovod"),
 )

@@ -41,6 +41,7 @@ try:
     from keras.src.losses import loss as keras_loss
     from keras.src.trainers.data_adapters import tf_dataset_adapter as keras_tf_dataset_adapter
     from keras.src.optimizers import loss_scale_optimizer as keras_loss_scale_optimizer
+    from keras.src.optimizers import base_optimizer as keras_base_optimizer
     from keras.src.backend.common import global_state as keras_global_state
     from keras.src.backend.tensorflow import distribution_lib as keras_tf_distribution_lib
     from keras.src.distribution import distribution_lib as keras_distribution_lib
@@ -80,6 +81,14 @@ PerReplica = distribute_values.PerReplica
 # `LossScaleOptimizer._tf_apply` (`keras.optimizer_fixes`) so that clipping,
 # gradient accumulation and loss-scale skips decide on the all-reduced gradients.
 LossScaleOptimizer = keras_loss_scale_optimizer.LossScaleOptimizer
+# ZeRO (`tfdist_ext.zero`) wraps `TFOptimizer.add_variable_from_reference` (no
+# per-weight slots for a sharded optimizer; a replica's own optimizer takes the
+# backend-independent `BaseOptimizer` method, which does not colocate with a
+# strategy's variables) and `BaseOptimizer.save_own_variables`.
+BaseOptimizer = keras_base_optimizer.BaseOptimizer
+# The strategy in effect outside any scope; a Keras optimizer updates through the
+# strategy it was made under (`set_optimizer_strategy` points it at this one).
+default_strategy = distribute_lib._get_default_strategy  # pylint: disable=protected-access
 # `keras_loss.scale_loss_for_distribution` / `unscale_loss_for_distribution`
 # (module functions, looked up at call time by Keras' losses and trainer) are
 # wrapped (`tfdist_ext.keras.patches`, `keras.uneven`) to weight replicas by
@@ -269,3 +278,8 @@ def optimizer_slots(optimizer):
     """
     skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
     return [v for v in optimizer.variables if id(v) not in skip]
+
+
+def set_optimizer_strategy(optimizer, strategy):
+    """Makes a Keras TF optimizer update through `strategy` (Keras reads it at construction)."""
+    optimizer._distribution_strategy = strategy  # pylint: disable=protected-access

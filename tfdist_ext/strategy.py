@@ -81,6 +81,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             with the others on the engine (Horovod's option), not as TF's
             all-gather of every replica's rows: faster, the same for SGD; Adam
             then squares each row's sum, not each lookup's (`fusion.densified`).
+        zero_stage: 1 shards the optimizer's state across replicas (ZeRO stage
+            1, `tfdist_ext.zero`): each keeps 1/N of it; needs sync="sync", no
+            compression or bucketing. Defaults to 0 (a full copy per replica).
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the
@@ -92,11 +95,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
                  startup_timeout: float = startup.DEFAULT_SECONDS, cluster_resolver=None,
-                 elastic=None, sparse_as_dense: bool = False):
-        config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine)
-        if not isinstance(sparse_as_dense, bool):
-            raise ValueError(f"Argument `sparse_as_dense` must be True or False; received "
-                             f"{sparse_as_dense!r}.")
+                 elastic=None, sparse_as_dense: bool = False, zero_stage: int = 0):
+        config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine,
+                                          sparse_as_dense, zero_stage)
         from_environment = elastic is None
         elastic = elastic_options.get(elastic)
         if elastic is not None:
@@ -124,11 +125,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
-        self.config = config
-        self.cluster = spec
+        self.config, self.cluster = config, spec
         self.elastic = None  # set below, once the strategy works
-        # Elastic: always, as TF's collectives cannot change members.
-        self._cross_ops.densify_sparse = sparse_as_dense or elastic is not None
+        # Elastic always densifies: TF's collectives cannot change members.
+        self._cross_ops.densify_sparse = config.sparse_as_dense or elastic is not None
         self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False

@@ -96,6 +96,9 @@ class Elastic:
             problems.append(f"compression={config.compression.name!r} (needs 'none')")
         if config.bucketing is not None:
             problems.append(f"bucketing={config.bucketing} (needs None)")
+        if getattr(config, "zero_stage", 0):
+            problems.append(f"zero_stage={config.zero_stage} (needs 0: the shards of a dead "
+                            "worker's optimizer state would be lost)")
         if spec is not None and set(spec.without_servers().jobs) != {"worker"}:
             problems.append(f"a TF_CONFIG cluster with jobs {sorted(spec.jobs)} (needs "
                             "'worker' tasks only: name the chief worker 0, as tfdist-run "

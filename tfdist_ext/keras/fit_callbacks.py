@@ -41,8 +41,8 @@ def fit_callbacks(strategy) -> list:
     config = strategy.config
     state = kept(strategy)
     if "optimizer_check" not in state:
-        state["optimizer_check"] = optimizer_check.OptimizerCheck(config.sync,
-                                                                  config.compression)
+        state["optimizer_check"] = optimizer_check.OptimizerCheck(
+            config.sync, config.compression, config.zero_stage)
     callbacks = [state["optimizer_check"]]
     guard = divergence.guard_for(config.sync, config.compression, strategy.sync_runner)
     if guard is not None:

@@ -35,6 +35,7 @@ import logging
 import keras
 import tensorflow as tf
 
+from tfdist_ext import zero
 from tfdist_ext.keras import (data_order, elastic_steps, local_input, moved_momentum,
                               patch_check, preemption, saving, uneven, worker_callbacks, xla)
 
@@ -54,6 +55,8 @@ def wrap_update_step(original):
     @functools.wraps(original)
     def update_step(self, grads, trainable_variables, learning_rate):
         runner = runner_of(self._distribution_strategy)  # pylint: disable=protected-access
+        if runner is None and zero.sharded(self):
+            return zero.update_step(self, grads, trainable_variables, learning_rate)
         if runner is None:
             with moved_momentum.while_tracing(self):
                 return original(self, grads, trainable_variables, learning_rate)

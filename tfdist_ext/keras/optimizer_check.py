@@ -19,6 +19,7 @@ from typing import List
 
 import keras
 
+from tfdist_ext import zero
 from tfdist_ext.sync import local_sgd, lr_scaling
 
 log = logging.getLogger("tfdist_ext")
@@ -58,12 +59,14 @@ def cautions(sync, compressor, optimizer) -> List[str]:
 class OptimizerCheck(keras.callbacks.Callback):
     """Warns (`ModeOptimizerWarning` and the "tfdist_ext" logger) once, at the first `fit`."""
 
-    def __init__(self, sync, compressor):
+    def __init__(self, sync, compressor, zero_stage=0):
         super().__init__()
-        self.sync, self.compressor = sync, compressor
+        self.sync, self.compressor, self.zero_stage = sync, compressor, zero_stage
         self.done = False
 
     def on_train_begin(self, logs=None):
+        if self.zero_stage and getattr(self.model, "optimizer", None) is not None:
+            zero.check_optimizer(self.model.optimizer)
         if self.done:
             return
         self.done = True

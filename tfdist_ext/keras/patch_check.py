@@ -36,6 +36,7 @@ FIT = "fit, evaluate and predict under tfdist_ext.Strategy"
 RELAXED = "relaxed synchronization policies (sync=...)"
 GLOBAL_APPLY = "clipnorm, global_clipnorm, clipvalue and gradient_accumulation_steps"
 LOSS_SCALE = "mixed precision's LossScaleOptimizer"
+ZERO = "zero_stage=1 (the optimizer's state sharded)"
 EMPTY_BATCH_NORM = "BatchNormalization with an empty local batch"
 EMPTY_CONV = "convolution and pooling layers with an empty local batch"
 INPUT_SPECS = "distributed datasets' cached type specs"
@@ -108,6 +109,9 @@ def members():
                GLOBAL_APPLY),
         Member(_compat.LossScaleOptimizer, "_tf_apply",
                "(self, grads, trainable_variables=None)", LOSS_SCALE),
+        Member(optimizer, "add_variable_from_reference",
+               "(self, reference_variable, name=None, initializer='zeros')", ZERO),
+        Member(_compat.BaseOptimizer, "save_own_variables", "(self, store)", ZERO),
         Member(_compat.TFEpochIterator, "_get_iterator", "(self)", FIT),
         Member(_compat.DistributedIterator, "_type_spec", "property", INPUT_SPECS),
         Member(_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", "property",

@@ -47,6 +47,10 @@ TFOptimizer._backend_apply_gradients          clipping and gradient accumulation
   -> optimizer_fixes.wrap_apply               gradient (keras-team/keras#20582)
 LossScaleOptimizer._tf_apply                  every replica skips an overflowed step alike
   -> optimizer_fixes.wrap_loss_scale_apply
+TFOptimizer.add_variable_from_reference       zero_stage=1: no per-weight slots in the model's
+  -> zero.wrap_add_variable_from_reference    optimizer; each replica's shard has its own
+BaseOptimizer.save_own_variables              zero_stage=1: refused (the state is sharded)
+  -> zero.wrap_save_own_variables
 keras.Model.save, .save_weights               a worker's save returns once the chief's has (jobs of
   -> saving.published                         several workers; public methods)
 tf.train.CheckpointManager.save (TF)          likewise
@@ -89,7 +93,7 @@ import threading
 import keras
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, zero
 from tfdist_ext.keras import (fit_hooks, iterator_specs, local_input, optimizer_fixes,
                               patch_check, saving, uneven)
 
@@ -119,6 +123,8 @@ def _process_patches():
         (nn, "max_pool", uneven.one_sample_when_empty),
         (optimizer, "_backend_apply_gradients", optimizer_fixes.wrap_apply),
         (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
+        (optimizer, "add_variable_from_reference", zero.wrap_add_variable_from_reference),
+        (_compat.BaseOptimizer, "save_own_variables", zero.wrap_save_own_variables),
         (_compat.TFEpochIterator, "_get_iterator", local_input.wrap_get_iterator),
         (_compat.DistributedIterator, "_type_spec", iterator_specs.cached),
         (_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", iterator_specs.cached),

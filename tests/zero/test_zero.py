@@ -1,0 +1,121 @@
+"""ZeRO stage 1 (`Strategy(zero_stage=1)`) on logical CPU replicas (issue 49)."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist_ext
+from tfdist_ext import zero
+from tfdist_ext.zero import Partition
+
+
+@pytest.mark.parametrize("sizes,world", [([5, 0, 7], 3), ([1], 4), ([0], 2), ([10, 3], 1),
+                                         ([829], 3), ([6, 6], 2)])
+def test_shards_cover_every_weight_once(sizes, world):
+    plan = Partition.of(sizes, world)
+    owned = sum(plan.owned(r) for r in range(world))
+    assert owned == plan.total == sum(sizes)
+    covered = [i for r in range(world) for i in range(*plan.bounds(r))]
+    assert covered == list(range(plan.padded)) and plan.padded >= plan.total
+    assert plan.shard == max(1, -(-sum(sizes) // world))
+
+
+def test_bad_partitions_are_named():
+    with pytest.raises(ValueError, match=r"world=0: must be >= 1"):
+        Partition.of([3], 0)
+    with pytest.raises(ValueError, match=r"rank=2: must be in \[0, 2\)"):
+        Partition.of([3], 2).bounds(2)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 20)).astype("float32")
+    return x, (x[:, :4].sum(1) > 0).astype("int64") + (x[:, 4] > 0)
+
+
+def _fit(strategy, make_optimizer):
+    x, y = _data()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        optimizer = make_optimizer()
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(33, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    return model, optimizer, history.history
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
+}
+
+
+@pytest.mark.parametrize("replicas,name", [(2, "sgd_momentum"), (3, "adam"), (3, "adamw")])
+def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replicas, name):
+    model, optimizer, history = _fit(tfdist_ext.Strategy(num_replicas=replicas, zero_stage=1),
+                                     OPTIMIZERS[name])
+    full, full_optimizer, full_history = _fit(tfdist_ext.Strategy(num_replicas=replicas),
+                                              OPTIMIZERS[name])
+    np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["accuracy"], full_history["accuracy"])
+    for mine, theirs in zip(model.get_weights(), full.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    # 795 weights in `replicas` shards; the model's optimizer keeps no slot of its own.
+    slot_bytes = sum(np.asarray(v).nbytes for v in full_optimizer.variables
+                     if v.name not in ("iteration", "learning_rate"))
+    shard = -(-795 // replicas)
+    assert zero.state_bytes(optimizer) == {r: slot_bytes // 795 * shard for r in range(replicas)}
+    assert sum(np.asarray(v).nbytes for v in optimizer.variables
+               if v.name not in ("iteration", "learning_rate")) == 0
+    assert int(optimizer.iterations.numpy()) == int(full_optimizer.iterations.numpy()) == 10
+
+
+@pytest.mark.parametrize("value,message", [
+    (2, r"zero_stage=2 \(gradients sharded too\) is not available yet; use zero_stage=1"),
+    (3, r"Argument `zero_stage` must be one of \[0, 1\]; received 3"),
+    (True, r"Argument `zero_stage` must be one of \[0, 1\]; received True"),
+    ("1", r"Argument `zero_stage` must be one of \[0, 1\]; received '1'"),
+])
+def test_a_bad_stage_is_named(value, message):
+    with pytest.raises(ValueError, match=message):
+        tfdist_ext.Strategy(num_replicas=2, zero_stage=value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"compression": "int8"}, r"`zero_stage`=1 cannot be combined with compression='int8' "
+                              r"\(needs 'none'\) yet\. Drop those arguments, or pass "
+                              r"zero_stage=0"),
+    ({"sync": "local_sgd"}, r"sync='local_sgd' \(needs 'sync'\)"),
+    ({"bucketing": "mgwfbp"}, r"bucketing=.* \(needs None\)"),
+    ({"elastic": True, "engine": "ucx", "allreduce": "ring"},
+     r"Argument `elastic` cannot be combined with zero_stage=1 \(needs 0"),
+])
+def test_combinations_not_supported_yet_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tfdist_ext.Strategy(num_replicas=2, zero_stage=1, **kwargs)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: keras.optimizers.Adam(0.01, clipnorm=1.0),
+     r"zero_stage=1 does not support the optimizer's `clipnorm` \(clipnorm=1\.0\) yet"),
+    (lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+     r"`gradient_accumulation_steps` \(gradient_accumulation_steps=2\)"),
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+     r"zero_stage=1 does not support LossScaleOptimizer \(mixed precision\) yet"),
+])
+def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make, message):
+    with pytest.raises(ValueError, match=message):
+        _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
+
+
+def test_saving_the_sharded_state_is_refused_not_silently_partial(tmp_path):
+    model, _, _ = _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), OPTIMIZERS["adam"])
+    for save in (lambda: model.save(tmp_path / "m.keras"),
+                 lambda: model.save_weights(tmp_path / "m.weights.h5")):
+        with pytest.raises(ValueError, match=r"Saving the optimizer of a model trained with "
+                                             r"zero_stage=1 is not available yet"):
+            save()
