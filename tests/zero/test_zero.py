@@ -119,3 +119,21 @@ def test_saving_the_sharded_state_is_refused_not_silently_partial(tmp_path):
         with pytest.raises(ValueError, match=r"Saving the optimizer of a model trained with "
                                              r"zero_stage=1 is not available yet"):
             save()
+
+
+def test_embedding_gradients_are_reduced_dense_as_with_sparse_as_dense():
+    tokens = np.random.default_rng(0).integers(0, 200, size=(120, 6))
+    labels = (tokens[:, 0] % 3).astype("int64")
+
+    def fit(**options):
+        keras.utils.set_random_seed(1)
+        with tfdist_ext.Strategy(num_replicas=2, **options).scope():
+            model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                      keras.layers.Embedding(200, 8),
+                                      keras.layers.GlobalAveragePooling1D(),
+                                      keras.layers.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adam(0.01),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model.fit(tokens, labels, batch_size=40, epochs=2, verbose=0).history["loss"]
+
+    np.testing.assert_allclose(fit(zero_stage=1), fit(sparse_as_dense=True), rtol=1e-6)

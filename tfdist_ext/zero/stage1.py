@@ -9,6 +9,9 @@ every replica assigns the full weights. The gather is an all-reduce of the
 shards placed in zeros: bytes per step are twice plain data parallelism's
 (the engine's all-gather would send half of that). Keras applies weight decay
 (AdamW, `weight_decay=`) to the full weights before, as without sharding.
+Embedding gradients (IndexedSlices) are reduced dense, as with
+`Strategy(sparse_as_dense=True)`: the same for SGD and momentum; Adam squares
+each row's sum, not each lookup's.
 
 The model's optimizer object keeps its `iterations`, learning rate and
 config; its per-weight slots are empty, and each replica's state lives in a
@@ -104,7 +107,8 @@ def update_step(optimizer, grads, variables, learning_rate):
     context = tf.distribute.get_replica_context()
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
     variables = [getattr(v, "value", v) for v in variables]
-    grads = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+    grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                               [tf.convert_to_tensor(g) for g in grads])
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
