@@ -17,6 +17,12 @@ def test_shards_cover_every_weight_once(sizes, world):
     assert owned == plan.total == sum(sizes)
     covered = [i for r in range(world) for i in range(*plan.bounds(r))]
     assert covered == list(range(plan.padded)) and plan.padded >= plan.total
+    # The pieces of every shard, in order, are the flattened weights, each element once.
+    flat = [(w, e) for w, size in enumerate(sizes) for e in range(size)]
+    assert [(w, e) for r in range(world) for w, lo, hi in plan.pieces(r)
+            for e in range(lo, hi)] == flat
+    assert [sum(hi - lo for _, lo, hi in plan.pieces(r)) for r in range(world)] == \
+        [plan.owned(r) for r in range(world)]
     assert plan.shard == max(1, -(-sum(sizes) // world))
 
 
@@ -137,3 +143,12 @@ def test_embedding_gradients_are_reduced_dense_as_with_sparse_as_dense():
         return model.fit(tokens, labels, batch_size=40, epochs=2, verbose=0).history["loss"]
 
     np.testing.assert_allclose(fit(zero_stage=1), fit(sparse_as_dense=True), rtol=1e-6)
+
+
+def test_one_replica_keeps_the_whole_state_as_without_sharding():
+    _, optimizer, history = _fit(tfdist_ext.Strategy(num_replicas=1, zero_stage=1),
+                                 OPTIMIZERS["adam"])
+    _, plain, plain_history = _fit(tfdist_ext.Strategy(num_replicas=1), OPTIMIZERS["adam"])
+    assert zero.state_bytes(optimizer) == {}
+    assert [v.shape for v in optimizer.variables] == [v.shape for v in plain.variables]
+    np.testing.assert_allclose(history["loss"], plain_history["loss"], rtol=1e-6)

@@ -1,7 +1,7 @@
 """Which elements of the flattened weights each replica's optimizer owns (pure)."""
 
 import dataclasses
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,17 @@ class Partition:
         if not 0 <= rank < self.world:
             raise ValueError(f"rank={rank!r}: must be in [0, {self.world})")
         return rank * self.shard, (rank + 1) * self.shard
+
+    def pieces(self, rank: int) -> List[Tuple[int, int, int]]:
+        """(weight index, start, stop) of the flattened weights in `rank`'s shard, in order."""
+        start, stop = self.bounds(rank)
+        out, offset = [], 0
+        for index, size in enumerate(self.sizes):
+            lo, hi = max(start, offset), min(stop, offset + size)
+            if lo < hi:
+                out.append((index, lo - offset, hi - offset))
+            offset += size
+        return out
 
     def owned(self, rank: int) -> int:
         """Elements of real weights (not padding) in replica `rank`'s shard."""

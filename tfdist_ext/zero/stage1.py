@@ -2,12 +2,13 @@
 
 Per step, in each replica (`update_step`, in place of Keras' all-reduce-then-
 apply): the gradients are all-reduced as in plain data parallelism; the
-weights and the summed gradients are flattened (`partition.Partition`) and
-the replica's optimizer updates its shard only, with state (Adam's moments,
-momentum) for that shard alone; the updated shards are all-gathered and
-every replica assigns the full weights. The gather is an all-reduce of the
-shards placed in zeros: bytes per step are twice plain data parallelism's
-(the engine's all-gather would send half of that). Keras applies weight decay
+replica's optimizer updates its shard of the flattened weights
+(`partition.Partition`; only the shard's pieces are sliced, no flat copy of
+the model) and keeps state for that shard alone; then each weight in turn is
+gathered from the replicas' shards and assigned (`_gather`), so the gather
+holds one weight's buffers at a time. The gather is an all-reduce of the
+pieces placed in zeros: bytes per step are twice plain data parallelism's
+(an all-gather would send half of that). Keras applies weight decay
 (AdamW, `weight_decay=`) to the full weights before, as without sharding.
 Embedding gradients (IndexedSlices) are reduced dense, as with
 `Strategy(sparse_as_dense=True)`: the same for SGD and momentum; Adam squares
@@ -20,10 +21,13 @@ variable holding that replica's shard (`shard_state`). Options that need the
 whole state in one place are refused with an error (`check_optimizer`), and
 so is saving it (`wrap_save_own_variables`): the shards are not gathered.
 
-Tuning: the memory saved per replica is (N-1)/N of the optimizer's state; the
-gather doubles the bytes per step, so keep `zero_stage=0` when the state fits.
+Tuning: per replica, the state shrinks to 1/N, and the shard's weights are
+kept once more (the replica optimizer's variable): with Adam (state twice the
+weights) the saving is (2N - 3)/N of the weights' bytes. The gather doubles
+the bytes per step, so keep `zero_stage=0` while the state fits.
 """
 
+import functools
 import threading
 import weakref
 
@@ -67,11 +71,13 @@ def check_optimizer(optimizer) -> None:
 
 
 def sharded(optimizer) -> bool:
-    """Whether `optimizer` is a model's optimizer under a `zero_stage >= 1` strategy."""
+    """Whether `optimizer` is a model's optimizer under a `zero_stage >= 1` strategy of
+    several replicas (one replica keeps the whole state: nothing to shard)."""
     if optimizer in _replica_optimizers:
         return False
     strategy = getattr(optimizer, "_distribution_strategy", None)
-    return getattr(getattr(strategy, "config", None), "zero_stage", 0) >= 1
+    return (getattr(getattr(strategy, "config", None), "zero_stage", 0) >= 1
+            and strategy.num_replicas_in_sync > 1)
 
 
 def _plain_variables():
@@ -112,29 +118,50 @@ def update_step(optimizer, grads, variables, learning_rate):
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
+    pieces = plan.pieces(replica)  # no full flat copy: only the shard's pieces are sliced
 
-    def flat(tensors):
-        whole = tf.concat([tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors], 0)
-        return tf.pad(whole, [[0, plan.padded - plan.total]])
+    def shard_of(tensors):
+        parts = [tf.reshape(tf.cast(tensors[i], dtype), [-1])[lo:hi] for i, lo, hi in pieces]
+        padding = plan.shard - plan.owned(replica)
+        return tf.concat(parts + ([tf.zeros([padding], dtype)] if padding else []), 0)
 
-    start, stop = plan.bounds(replica)
     shard, own = shard_state(optimizer, replica, plan.shard, dtype)
-    shard.assign(flat(variables)[start:stop])
+    shard.assign(shard_of(variables))
     own.iterations.assign(optimizer.iterations)
-    own.update_step(flat(grads)[start:stop], shard, learning_rate)
-    # Each replica's shard in place in zeros, summed: an all-gather whose sums add zeros
-    # only (exact), through the strategy's engine.
-    placed = tf.pad(tf.convert_to_tensor(shard), [[start, plan.padded - stop]])
-    gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, placed)[:plan.total]
-    values = [tf.reshape(part, v.shape) for part, v in
-              zip(tf.split(gathered, list(plan.sizes)), variables)]
+    own.update_step(shard_of(grads), shard, learning_rate)
+    context.merge_call(functools.partial(_gather, variables=variables, plan=plan),
+                       args=(tf.convert_to_tensor(shard), tf.constant(replica)))
 
-    def assign(distribution, values):
-        for variable, value in zip(variables, values):
-            distribution.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
-                                         group=False)
 
-    context.merge_call(assign, args=(values,))
+def _gather(distribution, shards, replicas, variables, plan):
+    """Every replica's updated shard into the weights, one weight at a time.
+
+    Each weight, with each replica's piece in place in zeros, is summed over the
+    replicas (an all-gather whose sums add zeros only: exact, on the strategy's
+    engine) and assigned before the next weight's is made, so a step holds one
+    weight's gather buffers at a time, not the whole model's.
+    """
+    devices = distribution.extended.worker_devices
+    shards = distribution.experimental_local_results(shards)
+    replicas = [int(tf.get_static_value(r))
+                for r in distribution.experimental_local_results(replicas)]
+    pieces = [{i: (lo, hi) for i, lo, hi in plan.pieces(r)} for r in replicas]
+    offsets = [0] * len(devices)
+    previous = []
+    for i, variable in enumerate(variables):
+        size = plan.sizes[i]
+        with tf.control_dependencies(previous):
+            parts = []
+            for j, device in enumerate(devices):
+                lo, hi = pieces[j].get(i, (0, 0))
+                with tf.device(device):
+                    mine = shards[j][offsets[j]:offsets[j] + hi - lo]
+                    parts.append(tf.reshape(tf.pad(mine, [[lo, size - hi]]), variable.shape))
+                offsets[j] += hi - lo
+            summed = distribution.extended.reduce_to(
+                tf.distribute.ReduceOp.SUM, _compat.PerReplica(parts), destinations=variable)
+            previous = [distribution.extended.update(variable, lambda v, x: v.assign(x),
+                                                     args=(summed,), group=True)]
 
 
 def state_bytes(optimizer) -> dict:
