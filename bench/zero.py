@@ -6,8 +6,9 @@
 A stack of Dense layers (`--layers` x `--hidden` wide on `--input` features,
 about 50M weights by default), Adam 1e-4, random data, `--batch` samples per
 worker, trained with `fit` under `tfdist-run` at each worker count with
-`Strategy(zero_stage=0)` and `zero_stage=1`. Per worker: the optimizer's state
-bytes (Adam's two slots; at stage 1 the worker's shard), its peak resident
+`Strategy(zero_stage=0)` and `zero_stage=1` (one worker has nothing to shard:
+the plain path). Per worker: the optimizer's state bytes (Adam's two slots; at
+stage 1 the worker's shard), its peak resident
 memory (`ru_maxrss`, after the steps) and the chief's median step over
 `--steps` steps after `--warmup`; the first losses, which must agree across
 stages. With `--torch PYTHON` (an interpreter with PyTorch), the same model
@@ -81,7 +82,7 @@ def work(args):
     history = model.fit(x, y, batch_size=args.batch * workers, epochs=1, shuffle=False,
                         verbose=0, callbacks=[clock])
     slots = [v for v in optimizer.variables if v.name not in ("iteration", "learning_rate")]
-    state = (sum(zero.state_bytes(optimizer).values()) if stage
+    state = (sum(zero.state_bytes(optimizer).values()) if zero.sharded(optimizer)
              else sum(np.asarray(v).nbytes for v in slots))
     record = {"state_bytes": state, "peak_rss_bytes": resource.getrusage(
                   resource.RUSAGE_SELF).ru_maxrss * 1024,
