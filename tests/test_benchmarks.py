@@ -219,3 +219,17 @@ def test_sparse_benchmark_tiny(tmp_path):
     assert rows["frozen_embedding"]["x_frozen_embedding"] == 1.0
     assert all(row["median_ms"] > 0 for row in rows.values())
     assert (tmp_path / "sparse.png").stat().st_size > 0
+
+
+@pytest.mark.multiworker
+def test_zero_benchmark_tiny(tmp_path):
+    out = tmp_path / "z.json"
+    _run("zero.py", "--workers", "2", "--input", "16", "--hidden", "16", "--layers", "1",
+         "--steps", "2", "--warmup", "1", "--json", str(out), "--png", str(tmp_path / "z.png"))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["workers"], r["stage"]) for r in rows] == [(2, 0), (2, 1)]
+    # 16*16+16 + 16*10+10 = 442 weights, Adam's two float32 slots; stage 1: shards of 221.
+    assert rows[0]["state_mb"] * (1 << 20) == 442 * 2 * 4
+    assert rows[1]["state_mb"] * (1 << 20) == 221 * 2 * 4
+    assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-5)
+    assert (tmp_path / "z.png").stat().st_size > 0

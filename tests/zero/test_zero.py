@@ -118,6 +118,23 @@ def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make
         _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
 
 
+@pytest.mark.parametrize("make", [
+    lambda path: keras.callbacks.ModelCheckpoint(str(path / "m.keras")),
+    lambda path: keras.callbacks.ModelCheckpoint(str(path / "m.weights.h5"),
+                                                 save_weights_only=True),
+    lambda path: keras.callbacks.BackupAndRestore(str(path / "backup")),
+])
+def test_a_callback_that_would_save_the_optimizer_stops_fit_before_the_first_step(tmp_path, make):
+    strategy = tfdist_ext.Strategy(num_replicas=2, zero_stage=1)
+    x, y = _data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(3)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"which saves the optimizer; with zero_stage=1"):
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[make(tmp_path)])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
 def test_saving_the_sharded_state_is_refused_not_silently_partial(tmp_path):
     model, _, _ = _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), OPTIMIZERS["adam"])
     for save in (lambda: model.save(tmp_path / "m.keras"),

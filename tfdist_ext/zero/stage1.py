@@ -31,6 +31,7 @@ import functools
 import threading
 import weakref
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -68,6 +69,19 @@ def check_optimizer(optimizer) -> None:
         if value:
             raise ValueError(f"zero_stage=1 does not support the optimizer's `{option}` "
                              f"({option}={value!r}) yet; leave it out or use zero_stage=0.")
+
+
+def check_callbacks(callbacks) -> None:
+    """Raises ValueError, before the first step, for a callback that would save the optimizer."""
+    for callback in callbacks or []:
+        # save_weights_only=True too: Keras' weights files hold the optimizer's variables.
+        if isinstance(callback, (keras.callbacks.BackupAndRestore,
+                                 keras.callbacks.ModelCheckpoint)):
+            raise ValueError(
+                f"`fit` got {type(callback).__name__}, which saves the optimizer; with "
+                "zero_stage=1 each replica holds a shard of its state, and saving it is not "
+                "available yet. Use zero_stage=0 for runs you checkpoint, or drop the "
+                "callback.")
 
 
 def sharded(optimizer) -> bool:
