@@ -81,9 +81,8 @@ def work(args):
     clock = step_clock(keras)
     history = model.fit(x, y, batch_size=args.batch * workers, epochs=1, shuffle=False,
                         verbose=0, callbacks=[clock])
-    slots = [v for v in optimizer.variables if v.name not in ("iteration", "learning_rate")]
     state = (sum(zero.state_bytes(optimizer).values()) if zero.sharded(optimizer)
-             else sum(np.asarray(v).nbytes for v in slots))
+             else zero.slot_bytes(optimizer))
     record = {"state_bytes": state, "peak_rss_bytes": resource.getrusage(
                   resource.RUSAGE_SELF).ru_maxrss * 1024,
               "median_step_s": float(np.median(np.diff(clock.times)[args.warmup:])),

@@ -48,10 +48,9 @@ class StrategyConfig:
         config.check_zero()
         return config
 
-    def check_zero(self):
-        """Raises ValueError unless the other choices work with `zero_stage`."""
-        if not self.zero_stage:
-            return
+    def plain_reduction_problems(self) -> list:
+        """The choices that keep gradients from one plain all-reduce per step (sync="sync",
+        no compression, one bucket), one phrase each; options that need it name them."""
         problems = []
         if getattr(self.sync, "name", "sync") != "sync":
             problems.append(f"sync={self.sync.name!r} (needs 'sync')")
@@ -59,6 +58,11 @@ class StrategyConfig:
             problems.append(f"compression={self.compression.name!r} (needs 'none')")
         if self.bucketing is not None:
             problems.append(f"bucketing={self.bucketing} (needs None)")
+        return problems
+
+    def check_zero(self):
+        """Raises ValueError unless the other choices work with `zero_stage`."""
+        problems = self.plain_reduction_problems() if self.zero_stage else []
         if problems:
             raise ValueError(f"Argument `zero_stage`={self.zero_stage} cannot be combined with "
                              + "; ".join(problems) + " yet. Drop those arguments, or pass "

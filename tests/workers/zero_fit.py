@@ -65,8 +65,7 @@ def main(out_dir):
                                for a, b in zip(model.get_weights(),
                                                plain_model.get_weights())),
             "state_bytes": zero.state_bytes(optimizer),
-            "unsharded_state_bytes": sum(np.asarray(v).nbytes for v in plain_optimizer.variables
-                                         if v.name not in ("iteration", "learning_rate")),
+            "unsharded_state_bytes": zero.slot_bytes(plain_optimizer),
         }
     with open(os.path.join(out_dir, f"w{strategy.cluster.task_index}.json"), "w",
               encoding="utf-8") as f:

@@ -86,17 +86,12 @@ class Elastic:
         if config.engine != "ucx":
             problems.append(f"engine={config.engine!r} (needs 'ucx', whose communicators "
                             "can be rebuilt)")
-        if getattr(config.sync, "name", "sync") != "sync":
-            problems.append(f"sync={config.sync.name!r} (needs 'sync')")
         names = set(config.allreduce.algorithms)
         if names & {"auto", "native", "hierarchical"} or config.allreduce.hosts is not None:
             problems.append(f"allreduce={config.allreduce} (needs a fixed algorithm such as "
                             f"'{engines.default_algorithm('ucx')}')")
-        if getattr(config.compression, "name", "none") != "none":
-            problems.append(f"compression={config.compression.name!r} (needs 'none')")
-        if config.bucketing is not None:
-            problems.append(f"bucketing={config.bucketing} (needs None)")
-        if getattr(config, "zero_stage", 0):
+        problems += config.plain_reduction_problems()
+        if config.zero_stage:
             problems.append(f"zero_stage={config.zero_stage} (needs 0: the shards of a dead "
                             "worker's optimizer state would be lost)")
         if spec is not None and set(spec.without_servers().jobs) != {"worker"}:

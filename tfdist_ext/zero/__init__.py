@@ -9,9 +9,9 @@ plans the split, `stage1` runs the step and keeps each replica's part.
 
 from tfdist_ext.zero.partition import Partition
 from tfdist_ext.zero.stage1 import (STAGES, check_callbacks, check_optimizer, check_stage,
-                                    sharded, state_bytes, update_step,
+                                    sharded, slot_bytes, state_bytes, update_step,
                                     wrap_add_variable_from_reference, wrap_save_own_variables)
 
 __all__ = ["Partition", "STAGES", "check_callbacks", "check_optimizer", "check_stage",
-           "sharded", "state_bytes", "update_step", "wrap_add_variable_from_reference",
+           "sharded", "slot_bytes", "state_bytes", "update_step", "wrap_add_variable_from_reference",
            "wrap_save_own_variables"]

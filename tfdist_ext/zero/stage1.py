@@ -178,17 +178,22 @@ def _gather(distribution, shards, replicas, variables, plan):
                                                      args=(summed,), group=True)]
 
 
+def slot_bytes(optimizer) -> int:
+    """Bytes of a Keras optimizer's state: its variables but the step counter and learning rate."""
+    return sum(np.asarray(v).nbytes for v in optimizer.variables
+               if v.name not in ("iteration", "learning_rate"))
+
+
 def state_bytes(optimizer) -> dict:
-    """{replica id: bytes of its shard's optimizer state} (slots, not the step counter)."""
-    return {replica: sum(np.asarray(v).nbytes for v in own.variables
-                         if v.name not in ("iteration", "learning_rate"))
-            for replica, (_, own) in _shards.get(optimizer, {}).items()}
+    """{replica id: bytes of its shard's optimizer state} (`slot_bytes` of its optimizer)."""
+    return {replica: slot_bytes(own) for replica, (_, own) in _shards.get(optimizer, {}).items()}
 
 
 def wrap_add_variable_from_reference(original):
     """`TFOptimizer.add_variable_from_reference`: no per-weight slot for a sharded optimizer;
     a replica's optimizer makes its slots as a plain optimizer does."""
 
+    @functools.wraps(original)
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if self in _replica_optimizers:
             return _compat.BaseOptimizer.add_variable_from_reference(
@@ -203,6 +208,7 @@ def wrap_add_variable_from_reference(original):
 def wrap_save_own_variables(original):
     """`BaseOptimizer.save_own_variables`: refused for a sharded optimizer."""
 
+    @functools.wraps(original)
     def save_own_variables(self, store):
         if sharded(self):
             raise ValueError(
