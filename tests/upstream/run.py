@@ -9,11 +9,11 @@ that make a `tf.distribute` strategy; `tf_strategy_lib_test.py` calls TF's
 `strategy_test_lib` checks and `tf_mirrored_semantics_test.py` checks what
 TF's MirroredStrategy tests (not in the wheel) check. Keras' backend-independent
 tests (metrics, optimizers; with --all also callbacks and saving) run a second
-time with every TestCase inside the strategy's scope. Exit status 0 when every test that passes with
-MirroredStrategy passes with tfdist_ext.Strategy or is in `SKIPPED` with a
-reason; the control runs only the tests ours did not pass (no other test can
-be a regression) and the SKIPPED ones. Prints (and writes with --json) pass/fail counts per file and
-strategy, the control's of the tests it ran.
+time with every TestCase inside the strategy's scope. Exit status 0 when every
+test that passes with MirroredStrategy passes with tfdist_ext.Strategy or is in
+`SKIPPED` with a reason; the control runs only the tests ours did not pass (no
+other test can be a regression) and the SKIPPED ones. Prints (and writes with
+--json) pass/fail counts per file and strategy, the control's of the tests it ran.
 A test that deadlocks (no progress for 4 minutes) or crashes the process counts as
 "hung" or "crashed" and the rest run on in a new process: a hang in the control
 cannot stop the comparison, and one in ours is a regression.

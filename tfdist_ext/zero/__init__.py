@@ -13,5 +13,5 @@ from tfdist_ext.zero.stage1 import (STAGES, check_callbacks, check_optimizer, ch
                                     wrap_add_variable_from_reference, wrap_save_own_variables)
 
 __all__ = ["Partition", "STAGES", "check_callbacks", "check_optimizer", "check_stage",
-           "sharded", "slot_bytes", "state_bytes", "update_step", "wrap_add_variable_from_reference",
-           "wrap_save_own_variables"]
+           "sharded", "slot_bytes", "state_bytes", "update_step",
+           "wrap_add_variable_from_reference", "wrap_save_own_variables"]
