@@ -1,5 +1,11 @@
 """ZeRO stage 1 across worker processes equals one process (issue 49)."""
 
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 
 from conftest import ROOT, launch, read_worker_json
@@ -24,3 +30,32 @@ def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, 
             # state of its shard only.
             slots = r[name]["unsharded_state_bytes"] // (829 * 4)
             assert r[name]["state_bytes"] == {str(worker): slots * shard * 4}, (name, worker)
+
+
+def test_a_checkpoint_written_at_4_workers_resumes_at_2_and_in_plain_keras(tmp_path):
+    """Issue 49: the next steps' losses after a ZeRO checkpoint (ModelCheckpoint and
+    BackupAndRestore, written at 4 workers) are those of going on at 4, whether
+    resumed at 4, at 2 workers or in one plain Keras process."""
+    script = ROOT / "tests" / "workers" / "zero_resume.py"
+    for workers, mode in ((4, "save"), (2, "resume")):
+        code, out, _ = launch(workers, [script, mode, tmp_path], timeout=300)
+        assert code == 0, out[-3000:]
+        if mode == "save":
+            for name, copy in itertools.product(("adam", "sgd_momentum"), ("resume", "plain")):
+                shutil.copytree(tmp_path / f"{name}-backup", tmp_path / f"{name}-backup-{copy}")
+    plain = subprocess.run([sys.executable, str(script), "plain", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    saved = read_worker_json(tmp_path, 4, "save-w{worker}.json")
+    resumed = read_worker_json(tmp_path, 2, "resume-w{worker}.json")
+    one = read_worker_json(tmp_path, 1, "plain-w{worker}.json")[0]
+    for name in ("adam", "sgd_momentum"):
+        going_on = saved[0][f"{name}/continued"]
+        assert len(going_on["losses"]) == 10
+        runs = ([r[f"{name}/resumed"] for r in saved + resumed] + [one[f"{name}/resumed"]]
+                + [r[f"{name}/backup"] for r in resumed] + [one[f"{name}/backup"]])
+        for run in runs:
+            assert run["losses"] == pytest.approx(going_on["losses"], rel=1e-5), name
+        for run in runs[:7]:
+            assert run["weights"] == pytest.approx(going_on["weights"], rel=1e-5), name

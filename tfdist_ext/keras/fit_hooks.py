@@ -170,8 +170,6 @@ def wrap_fit(original):
         else:
             kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
             callbacks = kwargs["callbacks"]
-        if self.optimizer is not None and zero.sharded(self.optimizer):
-            zero.check_callbacks(callbacks)
         with worker_callbacks.for_this_worker(callbacks, strategy):
             if strategy.sync_runner is None and not isinstance(
                     callbacks, keras.callbacks.CallbackList):

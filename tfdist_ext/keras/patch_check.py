@@ -112,6 +112,7 @@ def members():
         Member(optimizer, "add_variable_from_reference",
                "(self, reference_variable, name=None, initializer='zeros')", ZERO),
         Member(_compat.BaseOptimizer, "save_own_variables", "(self, store)", ZERO),
+        Member(_compat.BaseOptimizer, "load_own_variables", "(self, store)", ZERO),
         Member(_compat.TFEpochIterator, "_get_iterator", "(self)", FIT),
         Member(_compat.DistributedIterator, "_type_spec", "property", INPUT_SPECS),
         Member(_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", "property",

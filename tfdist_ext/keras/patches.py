@@ -49,8 +49,9 @@ LossScaleOptimizer._tf_apply                  every replica skips an overflowed 
   -> optimizer_fixes.wrap_loss_scale_apply
 TFOptimizer.add_variable_from_reference       zero_stage=1: no per-weight slots in the model's
   -> zero.wrap_add_variable_from_reference    optimizer; each replica's shard has its own
-BaseOptimizer.save_own_variables              zero_stage=1: refused (the state is sharded)
-  -> zero.wrap_save_own_variables
+BaseOptimizer.save_own_variables,             zero_stage=1: the state is written whole (gathered
+    .load_own_variables                       from the shards) and each replica loads its part
+  -> zero.wrap_save_own_variables, wrap_load_own_variables
 keras.Model.save, .save_weights               a worker's save returns once the chief's has (jobs of
   -> saving.published                         several workers; public methods)
 tf.train.CheckpointManager.save (TF)          likewise
@@ -125,6 +126,7 @@ def _process_patches():
         (_compat.LossScaleOptimizer, "_tf_apply", optimizer_fixes.wrap_loss_scale_apply),
         (optimizer, "add_variable_from_reference", zero.wrap_add_variable_from_reference),
         (_compat.BaseOptimizer, "save_own_variables", zero.wrap_save_own_variables),
+        (_compat.BaseOptimizer, "load_own_variables", zero.wrap_load_own_variables),
         (_compat.TFEpochIterator, "_get_iterator", local_input.wrap_get_iterator),
         (_compat.DistributedIterator, "_type_spec", iterator_specs.cached),
         (_compat.SingleWorkerOwnedDatasetIterator, "_type_spec", iterator_specs.cached),

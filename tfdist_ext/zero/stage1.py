@@ -19,7 +19,7 @@ config; its per-weight slots are empty, and each replica's state lives in a
 second optimizer of the same class and config over a plain (unmirrored)
 variable holding that replica's shard (`shard_state`). Options that need the
 whole state in one place are refused with an error (`check_optimizer`), and
-so is saving it (`wrap_save_own_variables`): the shards are not gathered.
+`checkpoint` saves and loads the whole state in Keras' format.
 
 Tuning: per replica, the state shrinks to 1/N, and the shard's weights are
 kept once more (the replica optimizer's variable): with Adam (state twice the
@@ -29,20 +29,19 @@ the bytes per step, so keep `zero_stage=0` while the state fits.
 
 import functools
 import threading
-import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
+from tfdist_ext.zero import shards
 from tfdist_ext.zero.partition import Partition
 
 STAGES = (0, 1)
+# Their update of a weight reads the whole weight, not element by element.
+PER_WEIGHT_OPTIMIZERS = ("Adafactor", "Lamb", "Muon")
 _lock = threading.Lock()
-# optimizer -> {replica id: (shard variable, the replica's optimizer)}
-_shards = weakref.WeakKeyDictionary()
-_replica_optimizers = weakref.WeakSet()
 
 
 def check_stage(value) -> int:
@@ -63,6 +62,13 @@ def check_optimizer(optimizer) -> None:
     if isinstance(optimizer, _compat.LossScaleOptimizer) or inner is not None:
         raise ValueError("zero_stage=1 does not support LossScaleOptimizer (mixed precision) "
                          "yet; train in float32 or use zero_stage=0.")
+    for name in PER_WEIGHT_OPTIMIZERS:
+        if isinstance(optimizer, getattr(keras.optimizers, name, ())):
+            raise ValueError(f"zero_stage=1 does not support keras.optimizers.{name}: its "
+                             "update reads whole weights (norms or factored rows and "
+                             "columns), and a replica holds a flat shard of them. Use an "
+                             "element-wise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, "
+                             "Lion, ...) or zero_stage=0.")
     for option in ("gradient_accumulation_steps", "use_ema", "clipnorm", "global_clipnorm",
                    "clipvalue"):
         value = getattr(optimizer, option, None)
@@ -71,23 +77,10 @@ def check_optimizer(optimizer) -> None:
                              f"({option}={value!r}) yet; leave it out or use zero_stage=0.")
 
 
-def check_callbacks(callbacks) -> None:
-    """Raises ValueError, before the first step, for a callback that would save the optimizer."""
-    for callback in callbacks or []:
-        # save_weights_only=True too: Keras' weights files hold the optimizer's variables.
-        if isinstance(callback, (keras.callbacks.BackupAndRestore,
-                                 keras.callbacks.ModelCheckpoint)):
-            raise ValueError(
-                f"`fit` got {type(callback).__name__}, which saves the optimizer; with "
-                "zero_stage=1 each replica holds a shard of its state, and saving it is not "
-                "available yet. Use zero_stage=0 for runs you checkpoint, or drop the "
-                "callback.")
-
-
 def sharded(optimizer) -> bool:
     """Whether `optimizer` is a model's optimizer under a `zero_stage >= 1` strategy of
     several replicas (one replica keeps the whole state: nothing to shard)."""
-    if optimizer in _replica_optimizers:
+    if shards.is_replica_optimizer(optimizer):
         return False
     strategy = getattr(optimizer, "_distribution_strategy", None)
     return (getattr(getattr(strategy, "config", None), "zero_stage", 0) >= 1
@@ -105,20 +98,27 @@ def _plain_variables():
     return tf.variable_creator_scope(creator)
 
 
-def shard_state(optimizer, replica: int, size: int, dtype):
-    """(shard variable, optimizer over it) of `replica`, made on first use."""
+def shard_state(optimizer, replica: int, plan: Partition, paths, dtype):
+    """(shard variable, optimizer over it) of `replica`, made on first use.
+
+    A state loaded before (`shards.keep_pending`) is written into a new one.
+    """
     with _lock:
-        per_replica = _shards.setdefault(optimizer, {})
-        if replica not in per_replica:
-            with tf.init_scope(), _plain_variables():
-                shard = tf.Variable(tf.zeros([size], dtype), trainable=False,
-                                    name=f"zero_shard_{replica}")
-                own = type(optimizer).from_config(optimizer.get_config())
-                _compat.set_optimizer_strategy(own, _compat.default_strategy())
-                _replica_optimizers.add(own)
-                own.build([shard])
-            per_replica[replica] = (shard, own)
-        return per_replica[replica]
+        made = shards.replicas(optimizer).get(replica)
+        if made is not None:
+            return made
+        with tf.init_scope(), _plain_variables():
+            shard = tf.Variable(tf.zeros([plan.shard], dtype), trainable=False,
+                                name=f"zero_shard_{replica}")
+            own = type(optimizer).from_config(optimizer.get_config())
+            _compat.set_optimizer_strategy(own, _compat.default_strategy())
+            shards.mark_replica_optimizer(own)
+            own.build([shard])
+            pending = shards.take_pending(optimizer)
+            if pending is not None:
+                shards.restore(own, replica, plan, paths, pending)
+        shards.add_replica(optimizer, replica, shard, own)
+        return shard, own
 
 
 def update_step(optimizer, grads, variables, learning_rate):
@@ -126,6 +126,8 @@ def update_step(optimizer, grads, variables, learning_rate):
     check_optimizer(optimizer)
     context = tf.distribute.get_replica_context()
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+    shards.set_layout(optimizer, variables)
+    paths = [shards.path_of(v) for v in variables]
     variables = [getattr(v, "value", v) for v in variables]
     grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
                                [tf.convert_to_tensor(g) for g in grads])
@@ -139,15 +141,17 @@ def update_step(optimizer, grads, variables, learning_rate):
         padding = plan.shard - plan.owned(replica)
         return tf.concat(parts + ([tf.zeros([padding], dtype)] if padding else []), 0)
 
-    shard, own = shard_state(optimizer, replica, plan.shard, dtype)
+    shard, own = shard_state(optimizer, replica, plan, paths, dtype)
     shard.assign(shard_of(variables))
     own.iterations.assign(optimizer.iterations)
+    for mine, theirs in shards.shared_variables(optimizer, own):
+        theirs.assign(mine)
     own.update_step(shard_of(grads), shard, learning_rate)
     context.merge_call(functools.partial(_gather, variables=variables, plan=plan),
                        args=(tf.convert_to_tensor(shard), tf.constant(replica)))
 
 
-def _gather(distribution, shards, replicas, variables, plan):
+def _gather(distribution, updated, replicas, variables, plan):
     """Every replica's updated shard into the weights, one weight at a time.
 
     Each weight, with each replica's piece in place in zeros, is summed over the
@@ -156,7 +160,7 @@ def _gather(distribution, shards, replicas, variables, plan):
     weight's gather buffers at a time, not the whole model's.
     """
     devices = distribution.extended.worker_devices
-    shards = distribution.experimental_local_results(shards)
+    updated = distribution.experimental_local_results(updated)
     replicas = [int(tf.get_static_value(r))
                 for r in distribution.experimental_local_results(replicas)]
     pieces = [{i: (lo, hi) for i, lo, hi in plan.pieces(r)} for r in replicas]
@@ -169,7 +173,7 @@ def _gather(distribution, shards, replicas, variables, plan):
             for j, device in enumerate(devices):
                 lo, hi = pieces[j].get(i, (0, 0))
                 with tf.device(device):
-                    mine = shards[j][offsets[j]:offsets[j] + hi - lo]
+                    mine = updated[j][offsets[j]:offsets[j] + hi - lo]
                     parts.append(tf.reshape(tf.pad(mine, [[lo, size - hi]]), variable.shape))
                 offsets[j] += hi - lo
             summed = distribution.extended.reduce_to(
@@ -186,37 +190,24 @@ def slot_bytes(optimizer) -> int:
 
 def state_bytes(optimizer) -> dict:
     """{replica id: bytes of its shard's optimizer state} (`slot_bytes` of its optimizer)."""
-    return {replica: slot_bytes(own) for replica, (_, own) in _shards.get(optimizer, {}).items()}
+    return {replica: slot_bytes(own) for replica, (_, own) in shards.replicas(optimizer).items()}
 
 
 def wrap_add_variable_from_reference(original):
-    """`TFOptimizer.add_variable_from_reference`: no per-weight slot for a sharded optimizer;
+    """`TFOptimizer.add_variable_from_reference`: an empty slot for a sharded optimizer;
     a replica's optimizer makes its slots as a plain optimizer does."""
 
     @functools.wraps(original)
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        if self in _replica_optimizers:
-            return _compat.BaseOptimizer.add_variable_from_reference(
+        if shards.is_replica_optimizer(self):
+            slot = _compat.BaseOptimizer.add_variable_from_reference(
                 self, reference_variable, name=name, initializer=initializer)
+            shards.add_kind(self, name or "var", slot)
+            return slot
         if sharded(self):
-            return self.add_variable(shape=(0,), dtype=reference_variable.dtype, name=name)
+            slot = self.add_variable(shape=(0,), dtype=reference_variable.dtype, name=name)
+            shards.add_slot(self, slot, reference_variable, name or "var")
+            return slot
         return original(self, reference_variable, name=name, initializer=initializer)
 
     return add_variable_from_reference
-
-
-def wrap_save_own_variables(original):
-    """`BaseOptimizer.save_own_variables`: refused for a sharded optimizer."""
-
-    @functools.wraps(original)
-    def save_own_variables(self, store):
-        if sharded(self):
-            raise ValueError(
-                "Saving the optimizer of a model trained with zero_stage=1 is not available "
-                "yet: each replica holds a shard of its state, and a file would silently lack "
-                "the rest (model.save, save_weights, ModelCheckpoint and BackupAndRestore "
-                "save it). Use zero_stage=0 for runs you checkpoint, or save the weights "
-                "alone: np.save(path, model.get_weights()).")
-        return original(self, store)
-
-    return save_own_variables
