@@ -2,7 +2,7 @@
 
     tfdist-run -np N python zero_fit.py OUT_DIR
 
-For momentum SGD, Adam and AdamW: `fit` (10 epochs of 600 samples, global
+For momentum SGD, Adam, AdamW and momentum SGD clipped by the global norm: `fit` (10 epochs of 600 samples, global
 batch 64: 100 steps, each epoch's last batch partial) under
 `Strategy(zero_stage=1)`, then the same model
 from the same seed in plain Keras on the global batches (the one-process
@@ -26,6 +26,9 @@ OPTIMIZERS = {
     "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "adam": lambda: keras.optimizers.Adam(0.01),
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
+    # Clipped by the norm of the summed gradient, which every worker has whole.
+    "sgd_global_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9,
+                                                        global_clipnorm=0.3),
 }
 
 

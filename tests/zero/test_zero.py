@@ -110,12 +110,11 @@ def test_combinations_not_supported_yet_are_named(kwargs, message):
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: keras.optimizers.Adam(0.01, clipnorm=1.0),
-     r"zero_stage=1 does not support the optimizer's `clipnorm` \(clipnorm=1\.0\) yet"),
     (lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
-     r"`gradient_accumulation_steps` \(gradient_accumulation_steps=2\)"),
-    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
-     r"zero_stage=1 does not support LossScaleOptimizer \(mixed precision\) yet"),
+     r"zero_stage=1 does not support the optimizer's `gradient_accumulation_steps` "
+     r"\(gradient_accumulation_steps=2\) yet"),
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.1, use_ema=True)),
+     r"`use_ema` \(use_ema=True\)"),
     (lambda: keras.optimizers.Lamb(0.01),
      r"zero_stage=1 does not support keras.optimizers.Lamb: its update reads whole weights"),
     (lambda: keras.optimizers.Adafactor(0.01),
@@ -124,6 +123,50 @@ def test_combinations_not_supported_yet_are_named(kwargs, message):
 def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make, message):
     with pytest.raises(ValueError, match=message):
         _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: keras.optimizers.SGD(0.05, momentum=0.9, clipnorm=0.05),
+    lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1),
+    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002),
+])
+def test_clipping_applies_to_the_summed_gradients_as_without_sharding(make):
+    strategy = tfdist_ext.Strategy(num_replicas=3, zero_stage=1)
+    model, _, history = _fit(strategy, make)
+    full, _, full_history = _fit(tfdist_ext.Strategy(num_replicas=3), make)
+    np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
+    for mine, theirs in zip(model.get_weights(), full.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    config = {k: v for k, v in make().get_config().items()
+              if k not in ("clipnorm", "global_clipnorm", "clipvalue")}
+    _, _, plain_history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=1),
+                               lambda: type(make()).from_config(config))
+    assert abs(plain_history["loss"][-1] - history["loss"][-1]) > 1e-4  # the clip bites
+
+
+def test_mixed_precision_loss_scaling_skips_overflowed_steps_as_without_sharding(tmp_path):
+    def make():
+        # 2**21 overflows float16 in the first two steps: both skipped, the scale halved.
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01),
+                                                   initial_scale=2.0 ** 21)
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, optimizer, history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=1),
+                                         make)
+        full, full_optimizer, full_history = _fit(tfdist_ext.Strategy(num_replicas=3), make)
+        model.save(tmp_path / "m.keras")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
+    for mine, theirs in zip(model.get_weights(), full.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert int(optimizer.iterations.numpy()) == int(full_optimizer.iterations.numpy()) == 8
+    assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 19
+    assert sorted(zero.state_bytes(optimizer.inner_optimizer)) == [0, 1, 2]
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    for mine, theirs in zip(loaded.optimizer.variables, full_optimizer.variables):
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("replicas,name", [(2, "sgd_momentum"), (3, "adam"), (3, "nadam")])

@@ -26,14 +26,15 @@ the global gradient, as in single-process training:
   residuals never see an infinite gradient.
 
 Other strategies, relaxed sync policies and optimizers without these
-options take Keras' own path.
+options take Keras' own path; a sharded optimizer (`zero_stage=1`) takes
+`tfdist_ext.zero.apply_gradients`, which clips the summed gradients too.
 """
 
 import functools
 
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, zero
 
 
 def _synchronous_tfdist(strategy, min_replicas=2) -> bool:
@@ -53,6 +54,8 @@ def wrap_apply(original):
     @functools.wraps(original)
     def backend_apply_gradients(self, grads, trainable_variables):
         strategy = self._distribution_strategy  # pylint: disable=protected-access
+        if zero.sharded(self) and tf.distribute.get_replica_context() is not None:
+            return zero.apply_gradients(self, grads, trainable_variables)
         # One replica needs this path for accumulation only: Keras' `cond` around
         # its merge_call fails under any tf.distribute strategy.
         if (not _needs_global_apply(self) or tf.distribute.get_replica_context() is None

@@ -11,11 +11,11 @@ format.
 
 from tfdist_ext.zero.checkpoint import wrap_load_own_variables, wrap_save_own_variables
 from tfdist_ext.zero.partition import Partition
-from tfdist_ext.zero.stage1 import (PER_WEIGHT_OPTIMIZERS, STAGES, check_optimizer,
-                                    check_stage, sharded, slot_bytes, state_bytes,
-                                    update_step, wrap_add_variable_from_reference)
+from tfdist_ext.zero.stage1 import (PER_WEIGHT_OPTIMIZERS, STAGES, apply_gradients,
+                                    check_optimizer, check_stage, sharded, slot_bytes,
+                                    state_bytes, update_step, wrap_add_variable_from_reference)
 
-__all__ = ["PER_WEIGHT_OPTIMIZERS", "Partition", "STAGES", "check_optimizer", "check_stage",
-           "sharded", "slot_bytes", "state_bytes", "update_step",
-           "wrap_add_variable_from_reference", "wrap_load_own_variables",
+__all__ = ["PER_WEIGHT_OPTIMIZERS", "Partition", "STAGES", "apply_gradients",
+           "check_optimizer", "check_stage", "sharded", "slot_bytes", "state_bytes",
+           "update_step", "wrap_add_variable_from_reference", "wrap_load_own_variables",
            "wrap_save_own_variables"]

@@ -65,16 +65,19 @@ def wrap_save_own_variables(original):
     def save_own_variables(self, store):
         if not stage1.sharded(self):
             return original(self, store)
-        slots = {}
+        slots, owners = {}, {}
         for i, variable in enumerate(self.variables):
-            found = shards.slot_of(self, variable)
+            found = shards.owner_of(self, variable)
             if found is None:
                 store[str(i)] = variable.numpy()
-            else:
-                slots.setdefault(found[1], []).append((i, found[0]))
-        sharded_paths = set(shards.layout(self)[0])
-        for kind, entries in slots.items():
-            whole = _whole(self, kind)
+                continue
+            owner, weight, kind = found
+            owners[id(owner)] = owner
+            slots.setdefault((id(owner), kind), []).append((i, weight))
+        for (owner, kind), entries in slots.items():
+            owner = owners[owner]
+            sharded_paths = set(shards.layout(owner)[0])
+            whole = _whole(owner, kind)
             for i, weight in entries:
                 path = shards.path_of(weight)
                 # A weight the step never updated (no gradient) has its initial zeros.
@@ -93,27 +96,29 @@ def wrap_load_own_variables(original):
     def load_own_variables(self, store):
         if not stage1.sharded(self) or len(store.keys()) != len(self.variables):
             return original(self, store)
-        arrays = {}
+        arrays, owners = {}, {}
         for i, variable in enumerate(self.variables):
             value = np.asarray(store[str(i)])
-            found = shards.slot_of(self, variable)
+            found = shards.owner_of(self, variable)
             if found is None:
                 variable.assign(value)
                 continue
-            weight, kind = found
+            owner, weight, kind = found
             if value.shape != tuple(weight.shape):
                 raise ValueError(
                     f"The optimizer state being loaded has shape {value.shape} for the "
                     f"{kind!r} slot of weight {shards.path_of(weight)!r}, whose shape is "
                     f"{tuple(weight.shape)}: the file was saved from another model. Load "
                     "a file saved with the same model.")
-            arrays[(shards.path_of(weight), kind)] = value
-        strategy, paths, _, plan = _plan(self)
-        made = shards.replicas(self)
-        for replica, (_, own) in made.items():
-            shards.restore(own, replica, plan, paths, arrays)
-        if not made:
-            shards.keep_pending(self, arrays, len(strategy.extended.worker_devices))
+            owners[id(owner)] = owner
+            arrays.setdefault(id(owner), {})[(shards.path_of(weight), kind)] = value
+        for key, owner in owners.items():
+            strategy, paths, _, plan = _plan(owner)
+            made = shards.replicas(owner)
+            for replica, (_, own) in made.items():
+                shards.restore(own, replica, plan, paths, arrays[key])
+            if not made:
+                shards.keep_pending(owner, arrays[key], len(strategy.extended.worker_devices))
         return None
 
     return load_own_variables

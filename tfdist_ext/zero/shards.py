@@ -65,6 +65,18 @@ def slot_of(optimizer, variable):
     return None if found is None or found[0] is not variable else found[1:]
 
 
+def owner_of(optimizer, variable):
+    """(the sharded optimizer, weight, kind) `variable` of `optimizer` stands for, or None.
+
+    The sharded optimizer is `optimizer` or, for a `LossScaleOptimizer`, its inner one.
+    """
+    for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        found = slot_of(owner, variable) if owner is not None else None
+        if found is not None:
+            return (owner,) + found
+    return None
+
+
 def add_kind(own, kind: str, variable) -> None:
     """Records `variable` as replica optimizer `own`'s slot of `kind` over its shard."""
     with _lock:

@@ -10,7 +10,8 @@ holds one weight's buffers at a time. The gather is an all-reduce of the
 pieces placed in zeros: bytes per step are twice plain data parallelism's
 (an all-gather would send half of that). Keras applies weight decay
 (AdamW, `weight_decay=`) to the full weights before, as without sharding.
-Embedding gradients (IndexedSlices) are reduced dense, as with
+Clipping applies to the summed gradients (`apply_gradients`), as in one
+process. Embedding gradients (IndexedSlices) are reduced dense, as with
 `Strategy(sparse_as_dense=True)`: the same for SGD and momentum; Adam squares
 each row's sum, not each lookup's.
 
@@ -59,9 +60,9 @@ def check_stage(value) -> int:
 def check_optimizer(optimizer) -> None:
     """Raises ValueError for optimizer options ZeRO stage 1 does not support."""
     inner = getattr(optimizer, "inner_optimizer", None)
-    if isinstance(optimizer, _compat.LossScaleOptimizer) or inner is not None:
-        raise ValueError("zero_stage=1 does not support LossScaleOptimizer (mixed precision) "
-                         "yet; train in float32 or use zero_stage=0.")
+    if inner is not None:  # LossScaleOptimizer: its inner optimizer holds the state
+        check_optimizer(inner)
+        return
     for name in PER_WEIGHT_OPTIMIZERS:
         if isinstance(optimizer, getattr(keras.optimizers, name, ())):
             raise ValueError(f"zero_stage=1 does not support keras.optimizers.{name}: its "
@@ -69,8 +70,7 @@ def check_optimizer(optimizer) -> None:
                              "columns), and a replica holds a flat shard of them. Use an "
                              "element-wise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, "
                              "Lion, ...) or zero_stage=0.")
-    for option in ("gradient_accumulation_steps", "use_ema", "clipnorm", "global_clipnorm",
-                   "clipvalue"):
+    for option in ("gradient_accumulation_steps", "use_ema"):
         value = getattr(optimizer, option, None)
         if value:
             raise ValueError(f"zero_stage=1 does not support the optimizer's `{option}` "
@@ -121,8 +121,25 @@ def shard_state(optimizer, replica: int, plan: Partition, paths, dtype):
         return shard, own
 
 
+def apply_gradients(optimizer, grads, variables):
+    """Keras' `_backend_apply_gradients` (replica context) with the state sharded: weight
+    decay, then the optimizer's `_backend_update_step`, which reaches `update_step`
+    (it clips the summed gradients, as one process would)."""
+    check_optimizer(optimizer)
+    optimizer._apply_weight_decay(variables)  # pylint: disable=protected-access
+    # The class's own step first (Nadam updates its u_product), which calls
+    # `update_step` through `tfdist_ext.keras.fit_hooks`.
+    optimizer._backend_update_step(  # pylint: disable=protected-access
+        grads, variables, optimizer.learning_rate)
+
+
 def update_step(optimizer, grads, variables, learning_rate):
-    """Keras' `_backend_update_step` (replica context) with the state sharded."""
+    """Keras' `_backend_update_step` (replica context) with the state sharded.
+
+    The summed gradients are clipped as the optimizer's `clipnorm`,
+    `global_clipnorm` or `clipvalue` asks: every replica has them whole, so the
+    global norm needs no more communication.
+    """
     check_optimizer(optimizer)
     context = tf.distribute.get_replica_context()
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
@@ -131,6 +148,7 @@ def update_step(optimizer, grads, variables, learning_rate):
     variables = [getattr(v, "value", v) for v in variables]
     grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
                                [tf.convert_to_tensor(g) for g in grads])
+    grads = optimizer._clip_gradients(grads)  # pylint: disable=protected-access
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
