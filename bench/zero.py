@@ -1,4 +1,4 @@
-"""ZeRO stage 1: optimizer-state bytes, peak memory and step time per worker.
+"""ZeRO stages 1 and 2: optimizer-state bytes, peak memory and step time per worker.
 
     python bench/zero.py --workers 1,2,4 --json docs/results/zero.json \
         --png docs/results/zero.png [--torch /path/to/python-with-torch]
@@ -6,14 +6,16 @@
 A stack of Dense layers (`--layers` x `--hidden` wide on `--input` features,
 about 50M weights by default), Adam 1e-4, random data, `--batch` samples per
 worker, trained with `fit` under `tfdist-run` at each worker count with
-`Strategy(zero_stage=0)` and `zero_stage=1` (one worker has nothing to shard:
-the plain path). Per worker: the optimizer's state bytes (Adam's two slots; at
-stage 1 the worker's shard), its peak resident
+`Strategy(zero_stage=0)`, `1` and `2` (one worker has nothing to shard: the
+plain path). Per worker: the optimizer's state bytes (Adam's two slots; at
+stages 1 and 2 the worker's shard), the summed gradient it receives (the
+whole at stages 0 and 1, its shard at stage 2: the partition's size), its peak
+resident
 memory (`ru_maxrss`, after the steps) and the chief's median step over
 `--steps` steps after `--warmup`; the first losses, which must agree across
 stages. With `--torch PYTHON` (an interpreter with PyTorch), the same model
 under DDP with `torch.optim.Adam` and with `ZeroRedundancyOptimizer(Adam)`
-(bench/zero_torch.py, Gloo) beside it. Reported per row: state and peak MB
+(bench/zero_torch.py, Gloo) beside it at stages 0 and 1. Reported per row: state and peak MB
 per worker, the state saved against stage 0 at the same worker count, the
 peak memory saved, and their ratio (the issue's bar: 80%).
 """
@@ -37,7 +39,7 @@ MB = 1 << 20
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--stages", default="0,1")
+    parser.add_argument("--stages", default="0,1,2")
     parser.add_argument("--input", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=3)
@@ -83,7 +85,11 @@ def work(args):
                         verbose=0, callbacks=[clock])
     state = (sum(zero.state_bytes(optimizer).values()) if zero.sharded(optimizer)
              else zero.slot_bytes(optimizer))
-    record = {"state_bytes": state, "peak_rss_bytes": resource.getrusage(
+    sizes = [int(np.prod(w.shape)) for w in model.trainable_weights]
+    summed = (zero.Partition.of(sizes, workers).shard if stage == 2 and workers > 1
+              else sum(sizes))
+    record = {"state_bytes": state, "summed_gradient_bytes": 4 * summed,
+              "peak_rss_bytes": resource.getrusage(
                   resource.RUSAGE_SELF).ru_maxrss * 1024,
               "median_step_s": float(np.median(np.diff(clock.times)[args.warmup:])),
               "loss": history.history["loss"][-1], "weights": model.count_params()}
@@ -93,6 +99,7 @@ def work(args):
 def _row(framework, workers, stage, records):
     return {"framework": framework, "workers": workers, "stage": stage,
             "state_mb": max(r["state_bytes"] for r in records) / MB,
+            "summed_gradient_mb": max(r.get("summed_gradient_bytes", 0) for r in records) / MB,
             "peak_mb": max(r["peak_rss_bytes"] for r in records) / MB,
             "step_ms": 1e3 * records[0]["median_step_s"], "loss": records[0]["loss"],
             "weights": records[0].get("weights")}
@@ -111,7 +118,7 @@ def measure(args):
                            for i in range(workers)]
                 rows.append(_row("tfdist_ext", workers, stage, records))
                 print(json.dumps(rows[-1]), flush=True)
-                if args.torch and workers > 1:
+                if args.torch and workers > 1 and stage < 2:  # ZeroRedundancyOptimizer: 1
                     out = pathlib.Path(tmp) / f"torch-{workers}-{stage}"
                     subprocess.run([args.torch, "-m", "torch.distributed.run",
                                     f"--nproc-per-node={workers}",
@@ -126,7 +133,7 @@ def measure(args):
 
 
 def savings(rows):
-    """Per stage-1 row: state and peak MB saved against its stage-0 twin, and their ratio."""
+    """Per stage-1/2 row: state and peak MB saved against its stage-0 twin, and their ratio."""
     base = {(r["framework"], r["workers"]): r for r in rows if r["stage"] == 0}
     for r in rows:
         twin = base.get((r["framework"], r["workers"]))

@@ -227,9 +227,9 @@ def test_zero_benchmark_tiny(tmp_path):
     _run("zero.py", "--workers", "2", "--input", "16", "--hidden", "16", "--layers", "1",
          "--steps", "2", "--warmup", "1", "--json", str(out), "--png", str(tmp_path / "z.png"))
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["workers"], r["stage"]) for r in rows] == [(2, 0), (2, 1)]
-    # 16*16+16 + 16*10+10 = 442 weights, Adam's two float32 slots; stage 1: shards of 221.
-    assert rows[0]["state_mb"] * (1 << 20) == 442 * 2 * 4
-    assert rows[1]["state_mb"] * (1 << 20) == 221 * 2 * 4
-    assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-5)
+    assert [(r["workers"], r["stage"]) for r in rows] == [(2, 0), (2, 1), (2, 2)]
+    # 16*16+16 + 16*10+10 = 442 weights, Adam's two float32 slots; stages 1-2: shards of 221.
+    assert [r["state_mb"] * (1 << 20) for r in rows] == [442 * 8, 221 * 8, 221 * 8]
+    assert [r["summed_gradient_mb"] * (1 << 20) for r in rows] == [442 * 4, 442 * 4, 221 * 4]
+    assert [r["loss"] for r in rows] == pytest.approx([rows[0]["loss"]] * 3, rel=1e-5)
     assert (tmp_path / "z.png").stat().st_size > 0

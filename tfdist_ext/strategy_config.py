@@ -19,7 +19,8 @@ class StrategyConfig:
         bucketing: A `tfdist_ext.bucketing.Planner` or None (one bucket).
         engine: "ucx" or "tf" (`tfdist_ext.collectives.engines`).
         sparse_as_dense: Whether IndexedSlices are reduced dense.
-        zero_stage: 0, or 1 for the optimizer's state sharded (`tfdist_ext.zero`).
+        zero_stage: 0, 1 for the optimizer's state sharded, 2 for the gradients
+            reduce-scattered too (`tfdist_ext.zero`).
     """
 
     allreduce: Any
@@ -63,6 +64,8 @@ class StrategyConfig:
     def check_zero(self):
         """Raises ValueError unless the other choices work with `zero_stage`."""
         problems = self.plain_reduction_problems() if self.zero_stage else []
+        if self.zero_stage == 2 and self.engine != "ucx":
+            problems.append(f"engine={self.engine!r} (needs 'ucx', which reduce-scatters)")
         if problems:
             raise ValueError(f"Argument `zero_stage`={self.zero_stage} cannot be combined with "
                              + "; ".join(problems) + " yet. Drop those arguments, or pass "

@@ -26,6 +26,18 @@ def test_all_gather_schedule_gathers_every_block(p):
         np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+def test_reduce_scatter_schedule_leaves_each_rank_the_sum_of_its_block(p):
+    block = 3
+    rng = np.random.default_rng(p)
+    inputs = [rng.integers(-50, 50, size=p * block).astype(np.float64) for _ in range(p)]
+    total = np.sum(inputs, axis=0)
+    outs = simulate(lambda w, r, n: gather.reduce_scatter_schedule(w, r, n // w), p, inputs)
+    for rank, out in enumerate(outs):
+        np.testing.assert_array_equal(out[rank * block:(rank + 1) * block],
+                                      total[rank * block:(rank + 1) * block])
+
+
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("root", [0, 2])
 def test_broadcast_schedule_copies_the_root(p, root):
@@ -81,21 +93,24 @@ def test_gather_broadcast_and_start_wait_across_three_replicas():
             with tf.device(engine.devices[i]):
                 x = [tf.cast(tf.range(5) + 10 * i, d) for d in dtypes]
                 gathered = [engine.all_gather(t, i) for t in x]
+                scattered = [engine.reduce_scatter(tf.concat([t] * 3, 0), i) for t in x]
                 broadcast = [engine.broadcast(t, i, root=1) for t in x]
                 tickets = [engine.start(t, i, "butterfly") for t in x]
                 waited = [engine.wait(k, i, 5, d) for k, d in zip(tickets, dtypes)]
-                out.append((gathered, broadcast, waited))
+                out.append((gathered, broadcast, waited, scattered))
         return out
 
     results = run()
     base = np.arange(5)
-    for gathered, broadcast, waited in results:
+    for gathered, broadcast, waited, scattered in results:
         for k in range(len(dtypes)):
             np.testing.assert_array_equal(
                 gathered[k].numpy().astype(np.float64),
                 np.concatenate([base + 10 * i for i in range(3)]))
             np.testing.assert_array_equal(broadcast[k].numpy().astype(np.float64), base + 10)
             np.testing.assert_array_equal(waited[k].numpy().astype(np.float64),
+                                          3 * base + 30)
+            np.testing.assert_array_equal(scattered[k].numpy().astype(np.float64),
                                           3 * base + 30)
 
 

@@ -1,10 +1,10 @@
 """Worker program for tests/zero/test_zero_workers.py: ZeRO stage 1 across processes.
 
-    tfdist-run -np N python zero_fit.py OUT_DIR
+    tfdist-run -np N python zero_fit.py OUT_DIR STAGE
 
 For momentum SGD, Adam, AdamW and momentum SGD clipped by the global norm: `fit` (10 epochs of 600 samples, global
 batch 64: 100 steps, each epoch's last batch partial) under
-`Strategy(zero_stage=1)`, then the same model
+`Strategy(zero_stage=STAGE)`, then the same model
 from the same seed in plain Keras on the global batches (the one-process
 answer). Writes OUT_DIR/w<index>.json: per optimizer both loss curves, the
 weights' hash, their largest relative difference from one process's, this
@@ -50,8 +50,8 @@ def model_and_fit(optimizer, x, y):
     return model, history.history["loss"]
 
 
-def main(out_dir):
-    strategy = tfdist_ext.Strategy(zero_stage=1)
+def main(out_dir, stage):
+    strategy = tfdist_ext.Strategy(zero_stage=stage)
     x, y = data()
     record = {}
     for name, make in OPTIMIZERS.items():
@@ -76,4 +76,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

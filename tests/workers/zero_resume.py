@@ -5,10 +5,10 @@
     python zero_resume.py plain OUT_DIR
 
 `save`: for Adam and momentum SGD, `fit` 2 epochs (600 samples, global batch
-64) under `Strategy(zero_stage=1)` with `ModelCheckpoint(save_weights_only=True)`
+64) under `Strategy(zero_stage=2)` with `ModelCheckpoint(save_weights_only=True)`
 and `BackupAndRestore`, then go on one more epoch (the losses of each step
 of it: "continued"), and from the checkpoint in a fresh model ("resumed").
-`resume`: the fresh model from the checkpoint at this worker count, and one
+`resume` (`zero_stage=1`): the fresh model from the checkpoint at this worker count, and one
 that `BackupAndRestore` resumes at epoch 3 (from OUT_DIR/<name>-backup-<mode>,
 a copy of the backup `save` wrote). `plain`: the same in plain Keras,
 no strategy (one process). Every mode writes
@@ -70,7 +70,8 @@ def next_epoch(model, x, y):
 
 def main(mode, out_dir):
     x, y = data()
-    strategy = None if mode == "plain" else tfdist_ext.Strategy(zero_stage=1)
+    stage = 2 if mode == "save" else 1
+    strategy = None if mode == "plain" else tfdist_ext.Strategy(zero_stage=stage)
     record = {}
     for name, make in OPTIMIZERS.items():
         path = os.path.join(out_dir, f"{name}.weights.h5")

@@ -61,11 +61,13 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("replicas,name", [(2, "sgd_momentum"), (3, "adam"), (3, "adamw"),
-                                           (2, "nadam")])
-def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replicas, name):
-    model, optimizer, history = _fit(tfdist_ext.Strategy(num_replicas=replicas, zero_stage=1),
-                                     OPTIMIZERS[name])
+@pytest.mark.parametrize("replicas,name,stage", [
+    (2, "sgd_momentum", 1), (3, "adam", 1), (3, "adamw", 1), (2, "nadam", 1),
+    (3, "sgd_momentum", 2), (2, "adam", 2), (3, "adamw", 2), (3, "nadam", 2)])
+def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replicas, name,
+                                                                          stage):
+    model, optimizer, history = _fit(
+        tfdist_ext.Strategy(num_replicas=replicas, zero_stage=stage), OPTIMIZERS[name])
     full, full_optimizer, full_history = _fit(tfdist_ext.Strategy(num_replicas=replicas),
                                               OPTIMIZERS[name])
     np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
@@ -85,10 +87,9 @@ def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replic
 
 
 @pytest.mark.parametrize("value,message", [
-    (2, r"zero_stage=2 \(gradients sharded too\) is not available yet; use zero_stage=1"),
-    (3, r"Argument `zero_stage` must be one of \[0, 1\]; received 3"),
-    (True, r"Argument `zero_stage` must be one of \[0, 1\]; received True"),
-    ("1", r"Argument `zero_stage` must be one of \[0, 1\]; received '1'"),
+    (3, r"Argument `zero_stage` must be one of \[0, 1, 2\]; received 3\. 0 keeps"),
+    (True, r"Argument `zero_stage` must be one of \[0, 1, 2\]; received True"),
+    ("1", r"Argument `zero_stage` must be one of \[0, 1, 2\]; received '1'"),
 ])
 def test_a_bad_stage_is_named(value, message):
     with pytest.raises(ValueError, match=message):
@@ -103,10 +104,13 @@ def test_a_bad_stage_is_named(value, message):
     ({"bucketing": "mgwfbp"}, r"bucketing=.* \(needs None\)"),
     ({"elastic": True, "engine": "ucx", "allreduce": "ring"},
      r"Argument `elastic` cannot be combined with zero_stage=1 \(needs 0"),
+    ({"zero_stage": 2, "engine": "tf"},
+     r"`zero_stage`=2 cannot be combined with engine='tf' \(needs 'ucx', which "
+     r"reduce-scatters\) yet"),
 ])
 def test_combinations_not_supported_yet_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        tfdist_ext.Strategy(num_replicas=2, zero_stage=1, **kwargs)
+        tfdist_ext.Strategy(num_replicas=2, **{"zero_stage": 1, **kwargs})
 
 
 @pytest.mark.parametrize("make,message", [
@@ -125,13 +129,23 @@ def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make
         _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: keras.optimizers.SGD(0.05, momentum=0.9, clipnorm=0.05),
-    lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1),
-    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002),
+def test_clipping_each_weight_by_its_norm_is_refused_at_stage_2():
+    with pytest.raises(ValueError, match=r"zero_stage=2 does not support the optimizer's "
+                                         r"`clipnorm` \(clipnorm=0\.5\): .* Use "
+                                         r"global_clipnorm or clipvalue, or zero_stage=1"):
+        _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=2),
+             lambda: keras.optimizers.SGD(0.1, clipnorm=0.5))
+
+
+@pytest.mark.parametrize("make,stage", [
+    (lambda: keras.optimizers.SGD(0.05, momentum=0.9, clipnorm=0.05), 1),
+    (lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1), 1),
+    (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002), 1),
+    (lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1), 2),
+    (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002), 2),
 ])
-def test_clipping_applies_to_the_summed_gradients_as_without_sharding(make):
-    strategy = tfdist_ext.Strategy(num_replicas=3, zero_stage=1)
+def test_clipping_applies_to_the_summed_gradients_as_without_sharding(make, stage):
+    strategy = tfdist_ext.Strategy(num_replicas=3, zero_stage=stage)
     model, _, history = _fit(strategy, make)
     full, _, full_history = _fit(tfdist_ext.Strategy(num_replicas=3), make)
     np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
@@ -139,7 +153,7 @@ def test_clipping_applies_to_the_summed_gradients_as_without_sharding(make):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     config = {k: v for k, v in make().get_config().items()
               if k not in ("clipnorm", "global_clipnorm", "clipvalue")}
-    _, _, plain_history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=1),
+    _, _, plain_history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=stage),
                                lambda: type(make()).from_config(config))
     assert abs(plain_history["loss"][-1] - history["loss"][-1]) > 1e-4  # the clip bites
 
@@ -204,13 +218,14 @@ def _fresh(strategy, name):
 
 @pytest.mark.parametrize("name", ["adam", "sgd_momentum"])
 def test_a_checkpoint_of_3_replicas_reloads_at_other_counts_and_stages(tmp_path, name):
+    """Written at stage 2, read at stage 2, 1 and 0 and in one replica."""
     x, y = _data()
-    saved = _fresh(tfdist_ext.Strategy(num_replicas=3, zero_stage=1), name)
+    saved = _fresh(tfdist_ext.Strategy(num_replicas=3, zero_stage=2), name)
     path = str(tmp_path / "ckpt.weights.h5")
     saved.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0,
               callbacks=[keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
     going_on = _continue(saved, 2)
-    for options in ({"num_replicas": 3, "zero_stage": 1}, {"num_replicas": 2, "zero_stage": 1},
+    for options in ({"num_replicas": 3, "zero_stage": 2}, {"num_replicas": 2, "zero_stage": 1},
                     {"num_replicas": 2}, {"num_replicas": 1, "zero_stage": 1}):
         # Loaded before the first step: kept until the replicas' optimizers exist.
         model = _fresh(tfdist_ext.Strategy(**options), name)

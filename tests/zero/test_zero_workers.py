@@ -1,4 +1,4 @@
-"""ZeRO stage 1 across worker processes equals one process (issue 49)."""
+"""ZeRO stages 1 and 2 across worker processes equal one process (issue 49)."""
 
 import itertools
 import os
@@ -13,10 +13,11 @@ from conftest import ROOT, launch, read_worker_json
 pytestmark = pytest.mark.multiworker
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, workers):
-    code, out, _ = launch(workers, [ROOT / "tests" / "workers" / "zero_fit.py", tmp_path],
-                          timeout=300)
+@pytest.mark.parametrize("workers,stage", [(2, 1), (3, 2)])
+def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, workers,
+                                                                     stage):
+    code, out, _ = launch(workers, [ROOT / "tests" / "workers" / "zero_fit.py", tmp_path,
+                                    stage], timeout=300)
     assert code == 0, out[-3000:]
     records = read_worker_json(tmp_path, workers)
     shard = -(-829 // workers)
@@ -34,8 +35,9 @@ def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, 
 
 def test_a_checkpoint_written_at_4_workers_resumes_at_2_and_in_plain_keras(tmp_path):
     """Issue 49: the next steps' losses after a ZeRO checkpoint (ModelCheckpoint and
-    BackupAndRestore, written at 4 workers) are those of going on at 4, whether
-    resumed at 4, at 2 workers or in one plain Keras process."""
+    BackupAndRestore, written at 4 workers with zero_stage=2) are those of going on
+    at 4, whether resumed at 4, at 2 workers (zero_stage=1) or in one plain Keras
+    process."""
     script = ROOT / "tests" / "workers" / "zero_resume.py"
     for workers, mode in ((4, "save"), (2, "resume")):
         code, out, _ = launch(workers, [script, mode, tmp_path], timeout=300)

@@ -1,4 +1,4 @@
-"""All-gather and broadcast as schedules (copy-only rounds), for the UCX engine.
+"""All-gather, reduce-scatter and broadcast as schedules, for the UCX engine.
 
 Both use the `Schedule` contract of `schedule.py`, so the simulator checks
 them like any all-reduce.
@@ -8,6 +8,12 @@ elements, rank r's own data in block r. In round s rank r forwards block
 (r - s) mod p to r + 1 and receives block (r - s - 1) mod p from r - 1;
 after p - 1 rounds every rank has every block. Bandwidth-optimal: each rank
 sends (p - 1) n elements.
+
+Reduce-scatter (ring, the first half of the ring all-reduce): the buffer
+holds p blocks of n elements; in round s rank r sends block (r - s - 1) mod p
+to r + 1 and adds block (r - s - 2) mod p received from r - 1; after p - 1
+rounds rank r holds the sum of block r over every rank (ZeRO stage 2:
+each rank's own shard of the summed gradient). Each rank sends (p - 1) n.
 
 Broadcast (binomial tree): with v = (rank - root) mod p, in round k the ranks
 v < 2^k send the whole buffer to v + 2^k. ceil(log2 p) rounds.
@@ -29,6 +35,20 @@ def all_gather_schedule(world_size: int, rank: int, block: int) -> Schedule:
         out, inc = (rank - s) % p, (rank - s - 1) % p
         rounds.append(send(right, out * block, (out + 1) * block)
                       + recv(left, inc * block, (inc + 1) * block, reduce=False))
+    return Schedule(rank, p, total, tuple(rounds))
+
+
+def reduce_scatter_schedule(world_size: int, rank: int, block: int) -> Schedule:
+    """Ring reduce-scatter of `world_size` blocks of `block` elements: rank r sums block r."""
+    p, total = world_size, world_size * block
+    if p == 1 or block == 0:
+        return Schedule(rank, p, total, ())
+    right, left = (rank + 1) % p, (rank - 1) % p
+    rounds = []
+    for s in range(p - 1):
+        out, inc = (rank - s - 1) % p, (rank - s - 2) % p
+        rounds.append(send(right, out * block, (out + 1) * block)
+                      + recv(left, inc * block, (inc + 1) * block, reduce=True))
     return Schedule(rank, p, total, tuple(rounds))
 
 

@@ -255,6 +255,8 @@ class UcxEngine:
                 sched = schedule_fn(algorithm)(self.world_size, rank, n)
             elif kind == "all_gather":
                 sched = gather.all_gather_schedule(self.world_size, rank, n)
+            elif kind == "reduce_scatter":
+                sched = gather.reduce_scatter_schedule(self.world_size, rank, n)
             else:
                 sched = gather.broadcast_schedule(self.world_size, rank, n, root=algorithm)
             self._plans[key] = encode(sched)
@@ -315,6 +317,23 @@ class UcxEngine:
             return padded
         return self._run(padded, local_index,
                          self._plan("all_gather", None, rank, n), label)
+
+    def reduce_scatter(self, flat, local_index, label="tfdist/reducescatter"):
+        """This rank's block of the sum of every rank's 1-D `flat` (world_size equal blocks).
+
+        Rank r gets block r (elements [r n, (r + 1) n) of the sum, n =
+        len(flat) / world_size); each rank sends (world_size - 1) n elements.
+        """
+        total = self._check(flat)
+        if total % self.world_size:
+            raise ValueError(f"Argument `flat` must hold world_size={self.world_size} equal "
+                             f"blocks; received {total} elements. Pad it to a multiple.")
+        n = total // self.world_size
+        if self.world_size == 1 or n == 0:
+            return flat
+        rank = self.first_rank + local_index
+        summed = self._run(flat, local_index, self._plan("reduce_scatter", None, rank, n), label)
+        return summed[rank * n:(rank + 1) * n]
 
     def broadcast(self, flat, local_index, root=0, label="tfdist/broadcast"):
         """Every rank gets rank `root`'s 1-D `flat`."""

@@ -36,10 +36,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.zero import shards
+from tfdist_ext.zero import shards, stage2
 from tfdist_ext.zero.partition import Partition
 
-STAGES = (0, 1)
+STAGES = (0, 1, 2)
 # Their update of a weight reads the whole weight, not element by element.
 PER_WEIGHT_OPTIMIZERS = ("Adafactor", "Lamb", "Muon")
 _lock = threading.Lock()
@@ -47,34 +47,39 @@ _lock = threading.Lock()
 
 def check_stage(value) -> int:
     """`zero_stage`, validated."""
-    if isinstance(value, bool) or not isinstance(value, int) or value not in STAGES + (2,):
+    if isinstance(value, bool) or not isinstance(value, int) or value not in STAGES:
         raise ValueError(f"Argument `zero_stage` must be one of {list(STAGES)}; received "
                          f"{value!r}. 0 keeps the optimizer's state on every replica, 1 "
-                         "shards it across replicas.")
-    if value == 2:
-        raise ValueError("zero_stage=2 (gradients sharded too) is not available yet; "
-                         "use zero_stage=1, which shards the optimizer's state.")
+                         "shards it across replicas, 2 shards the summed gradients too.")
     return value
 
 
 def check_optimizer(optimizer) -> None:
-    """Raises ValueError for optimizer options ZeRO stage 1 does not support."""
+    """Raises ValueError for optimizer options ZeRO does not support."""
     inner = getattr(optimizer, "inner_optimizer", None)
     if inner is not None:  # LossScaleOptimizer: its inner optimizer holds the state
         check_optimizer(inner)
         return
+    stage = _stage(optimizer) or 1
     for name in PER_WEIGHT_OPTIMIZERS:
         if isinstance(optimizer, getattr(keras.optimizers, name, ())):
-            raise ValueError(f"zero_stage=1 does not support keras.optimizers.{name}: its "
-                             "update reads whole weights (norms or factored rows and "
+            raise ValueError(f"zero_stage={stage} does not support keras.optimizers.{name}: "
+                             "its update reads whole weights (norms or factored rows and "
                              "columns), and a replica holds a flat shard of them. Use an "
                              "element-wise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, "
                              "Lion, ...) or zero_stage=0.")
+    if stage == 2:
+        stage2.check_clipping(optimizer)
     for option in ("gradient_accumulation_steps", "use_ema"):
         value = getattr(optimizer, option, None)
         if value:
-            raise ValueError(f"zero_stage=1 does not support the optimizer's `{option}` "
+            raise ValueError(f"zero_stage={stage} does not support the optimizer's `{option}` "
                              f"({option}={value!r}) yet; leave it out or use zero_stage=0.")
+
+
+def _stage(optimizer) -> int:
+    strategy = getattr(optimizer, "_distribution_strategy", None)
+    return getattr(getattr(strategy, "config", None), "zero_stage", 0)
 
 
 def sharded(optimizer) -> bool:
@@ -82,9 +87,8 @@ def sharded(optimizer) -> bool:
     several replicas (one replica keeps the whole state: nothing to shard)."""
     if shards.is_replica_optimizer(optimizer):
         return False
-    strategy = getattr(optimizer, "_distribution_strategy", None)
-    return (getattr(getattr(strategy, "config", None), "zero_stage", 0) >= 1
-            and strategy.num_replicas_in_sync > 1)
+    strategy = optimizer._distribution_strategy  # pylint: disable=protected-access
+    return _stage(optimizer) >= 1 and strategy.num_replicas_in_sync > 1
 
 
 def _plain_variables():
@@ -146,9 +150,6 @@ def update_step(optimizer, grads, variables, learning_rate):
     shards.set_layout(optimizer, variables)
     paths = [shards.path_of(v) for v in variables]
     variables = [getattr(v, "value", v) for v in variables]
-    grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                               [tf.convert_to_tensor(g) for g in grads])
-    grads = optimizer._clip_gradients(grads)  # pylint: disable=protected-access
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
@@ -159,12 +160,18 @@ def update_step(optimizer, grads, variables, learning_rate):
         padding = plan.shard - plan.owned(replica)
         return tf.concat(parts + ([tf.zeros([padding], dtype)] if padding else []), 0)
 
+    if _stage(optimizer) == 2:
+        shard_grads = stage2.summed_shard(context, optimizer, grads, plan, dtype)
+    else:
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                   [tf.convert_to_tensor(g) for g in grads])
+        shard_grads = shard_of(optimizer._clip_gradients(grads))  # pylint: disable=protected-access
     shard, own = shard_state(optimizer, replica, plan, paths, dtype)
     shard.assign(shard_of(variables))
     own.iterations.assign(optimizer.iterations)
     for mine, theirs in shards.shared_variables(optimizer, own):
         theirs.assign(mine)
-    own.update_step(shard_of(grads), shard, learning_rate)
+    own.update_step(shard_grads, shard, learning_rate)
     context.merge_call(functools.partial(_gather, variables=variables, plan=plan),
                        args=(tf.convert_to_tensor(shard), tf.constant(replica)))
 
