@@ -81,11 +81,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             with the others on the engine (Horovod's option), not as TF's
             all-gather of every replica's rows: faster, the same for SGD; Adam
             then squares each row's sum, not each lookup's (`fusion.densified`).
-        zero_stage: 1 shards the optimizer's state across replicas (ZeRO stage
-            1, `tfdist_ext.zero`): each keeps 1/N of it; 2 also reduce-scatters
-            the gradients (each gets its shard's sum; engine="ucx"). Needs
-            sync="sync", no compression or bucketing. Defaults to 0 (a full
-            copy per replica).
+        zero_stage: 1 shards the optimizer's state (`tfdist_ext.zero`), 2 the
+            summed gradients too (engine="ucx"); needs sync="sync", no
+            compression or bucketing. Defaults to 0 (a full copy per replica).
 
     Raises:
         ValueError: Invalid TF_CONFIG or option, naming the argument and the

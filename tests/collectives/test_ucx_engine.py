@@ -4,7 +4,6 @@ The all-reduce matrix of every algorithm runs in test_engine_replicas.py and
 test_engine_workers.py (both engines); Keras fit in test_engine_workers.py.
 """
 
-import time
 
 import numpy as np
 import pytest

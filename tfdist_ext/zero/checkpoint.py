@@ -25,7 +25,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext.zero import shards, stage1
+from tfdist_ext.zero import shards, step
 from tfdist_ext.zero.partition import Partition
 
 def _plan(optimizer):
@@ -43,7 +43,7 @@ def _whole(optimizer, kind: str):
     def per_replica():
         context = tf.distribute.get_replica_context()
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
-        _, own = stage1.shard_state(optimizer, replica, plan, paths, dtype)
+        _, own = step.shard_state(optimizer, replica, plan, paths, dtype)
         mine = tf.convert_to_tensor(shards.kinds(own)[kind])
         lo, hi = plan.bounds(replica)
         return strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM,
@@ -63,7 +63,7 @@ def wrap_save_own_variables(original):
 
     @functools.wraps(original)
     def save_own_variables(self, store):
-        if not stage1.sharded(self):
+        if not step.sharded(self):
             return original(self, store)
         slots, owners = {}, {}
         for i, variable in enumerate(self.variables):
@@ -94,7 +94,7 @@ def wrap_load_own_variables(original):
 
     @functools.wraps(original)
     def load_own_variables(self, store):
-        if not stage1.sharded(self) or len(store.keys()) != len(self.variables):
+        if not step.sharded(self) or len(store.keys()) != len(self.variables):
             return original(self, store)
         arrays, owners = {}, {}
         for i, variable in enumerate(self.variables):

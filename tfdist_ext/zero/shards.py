@@ -2,7 +2,7 @@
 
 A model's optimizer under `zero_stage=1` has, per weight and kind of slot
 ("momentum", "velocity", ...), an empty slot variable; each replica of this
-process has a shard variable and an optimizer over it (`stage1.shard_state`)
+process has a shard variable and an optimizer over it (`step.shard_state`)
 whose slots of the same kinds hold that replica's part. This module keeps
 the links between them (weak: they go with the optimizer) and, for a file
 loaded before the first step made the replicas' optimizers, the loaded state

@@ -1,7 +1,8 @@
-"""ZeRO stage 1: each replica's optimizer updates and keeps its shard of the weights.
+"""The ZeRO step: each replica's optimizer updates and keeps its shard of the weights.
 
 Per step, in each replica (`update_step`, in place of Keras' all-reduce-then-
-apply): the gradients are all-reduced as in plain data parallelism; the
+apply): the gradients are all-reduced as in plain data parallelism (stage 1)
+or reduce-scattered (stage 2, `stage2`: the replica gets its shard's sum); the
 replica's optimizer updates its shard of the flattened weights
 (`partition.Partition`; only the shard's pieces are sliced, no flat copy of
 the model) and keeps state for that shard alone; then each weight in turn is
@@ -24,8 +25,9 @@ whole state in one place are refused with an error (`check_optimizer`), and
 
 Tuning: per replica, the state shrinks to 1/N, and the shard's weights are
 kept once more (the replica optimizer's variable): with Adam (state twice the
-weights) the saving is (2N - 3)/N of the weights' bytes. The gather doubles
-the bytes per step, so keep `zero_stage=0` while the state fits.
+weights) the saving is (2N - 3)/N of the weights' bytes. At stage 1 the
+gather doubles the bytes per step; stage 2 sends 1.5x plain data
+parallelism's. Keep `zero_stage=0` while the state fits.
 """
 
 import functools
