@@ -2,7 +2,8 @@
 
     tfdist-run -np N python zero_fit.py OUT_DIR STAGE
 
-For momentum SGD, Adam, AdamW and momentum SGD clipped by the global norm: `fit` (10 epochs of 600 samples, global
+For momentum SGD, Adam, AdamW, momentum SGD clipped by the global norm and
+Adam accumulating 3 steps: `fit` (10 epochs of 600 samples, global
 batch 64: 100 steps, each epoch's last batch partial) under
 `Strategy(zero_stage=STAGE)`, then the same model
 from the same seed in plain Keras on the global batches (the one-process
@@ -29,6 +30,7 @@ OPTIMIZERS = {
     # Clipped by the norm of the summed gradient, which every worker has whole.
     "sgd_global_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9,
                                                         global_clipnorm=0.3),
+    "adam_accumulate": lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=3),
 }
 
 
@@ -68,7 +70,10 @@ def main(out_dir, stage):
                                for a, b in zip(model.get_weights(),
                                                plain_model.get_weights())),
             "state_bytes": zero.state_bytes(optimizer),
-            "unsharded_state_bytes": zero.slot_bytes(plain_optimizer),
+            # The sharded state: Adam's accumulators stay whole on every worker.
+            "unsharded_state_bytes": zero.slot_bytes(plain_optimizer) - sum(
+                np.asarray(v).nbytes for v in plain_optimizer.variables
+                if v.name.endswith("gradient_accumulator")),
         }
     with open(os.path.join(out_dir, f"w{strategy.cluster.task_index}.json"), "w",
               encoding="utf-8") as f:

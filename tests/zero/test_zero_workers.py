@@ -21,7 +21,7 @@ def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, 
     assert code == 0, out[-3000:]
     records = read_worker_json(tmp_path, workers)
     shard = -(-829 // workers)
-    for name in ("sgd_momentum", "adam", "adamw", "sgd_global_clipnorm"):
+    for name in ("sgd_momentum", "adam", "adamw", "sgd_global_clipnorm", "adam_accumulate"):
         assert len({r[name]["sha"] for r in records}) == 1, f"{name}: workers differ"
         for worker, r in enumerate(records):
             one = r[name]["one_process"]

@@ -20,6 +20,7 @@ _replicas = weakref.WeakKeyDictionary()  # optimizer -> {replica: (shard, its op
 _replica_optimizers = weakref.WeakSet()
 _slots = weakref.WeakKeyDictionary()  # optimizer -> {id(slot): (slot, weight, kind)}
 _kinds = weakref.WeakKeyDictionary()  # replica's optimizer -> {kind: slot over the shard}
+_unshared = weakref.WeakKeyDictionary()  # optimizer -> ids of its whole, own variables
 _layouts = weakref.WeakKeyDictionary()  # optimizer -> paths of the sharded weights, in order
 _pending = weakref.WeakKeyDictionary()  # optimizer -> [arrays, replicas still to serve]
 # A replica's optimizer has its own step counter and learning rate (the step sets both).
@@ -75,6 +76,12 @@ def owner_of(optimizer, variable):
         if found is not None:
             return (owner,) + found
     return None
+
+
+def add_unshared(optimizer, variable) -> None:
+    """Records `variable` of `optimizer` as whole per replica and its own (an accumulator)."""
+    with _lock:
+        _unshared.setdefault(optimizer, set()).add(id(variable))
 
 
 def add_kind(own, kind: str, variable) -> None:
@@ -135,7 +142,9 @@ def shared_variables(optimizer, own):
     """
     slots = {id(v) for v in kinds(own).values()}
     theirs = [v for v in own.variables if id(v) not in slots]
-    mine = [v for v in optimizer.variables if slot_of(optimizer, v) is None]
+    unshared = _unshared.get(optimizer, set())
+    mine = [v for v in optimizer.variables
+            if slot_of(optimizer, v) is None and id(v) not in unshared]
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise RuntimeError(f"{type(optimizer).__name__}'s variables besides its slots differ "
                            f"from those of its replica's copy ({[v.name for v in mine]} vs "

@@ -38,12 +38,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.zero import shards, stage2
+from tfdist_ext.zero import accumulation, shards, stage2
 from tfdist_ext.zero.partition import Partition
 
 STAGES = (0, 1, 2)
 # Their update of a weight reads the whole weight, not element by element.
 PER_WEIGHT_OPTIMIZERS = ("Adafactor", "Lamb", "Muon")
+ACCUMULATOR = "gradient_accumulator"  # Keras' name for `gradient_accumulation_steps`' slots
 _lock = threading.Lock()
 
 
@@ -72,11 +73,9 @@ def check_optimizer(optimizer) -> None:
                              "Lion, ...) or zero_stage=0.")
     if stage == 2:
         stage2.check_clipping(optimizer)
-    for option in ("gradient_accumulation_steps", "use_ema"):
-        value = getattr(optimizer, option, None)
-        if value:
-            raise ValueError(f"zero_stage={stage} does not support the optimizer's `{option}` "
-                             f"({option}={value!r}) yet; leave it out or use zero_stage=0.")
+    if optimizer.use_ema:
+        raise ValueError(f"zero_stage={stage} does not support the optimizer's `use_ema` "
+                         "(use_ema=True) yet; leave it out or use zero_stage=0.")
 
 
 def _stage(optimizer) -> int:
@@ -116,7 +115,9 @@ def shard_state(optimizer, replica: int, plan: Partition, paths, dtype):
         with tf.init_scope(), _plain_variables():
             shard = tf.Variable(tf.zeros([plan.shard], dtype), trainable=False,
                                 name=f"zero_shard_{replica}")
-            own = type(optimizer).from_config(optimizer.get_config())
+            # The replica's optimizer steps only: accumulation stays with the model's.
+            own = type(optimizer).from_config({**optimizer.get_config(),
+                                               "gradient_accumulation_steps": None})
             _compat.set_optimizer_strategy(own, _compat.default_strategy())
             shards.mark_replica_optimizer(own)
             own.build([shard])
@@ -132,6 +133,13 @@ def apply_gradients(optimizer, grads, variables):
     decay, then the optimizer's `_backend_update_step`, which reaches `update_step`
     (it clips the summed gradients, as one process would)."""
     check_optimizer(optimizer)
+    if optimizer.gradient_accumulation_steps:
+        accumulation.apply_every(optimizer, grads, variables, _apply)
+    else:
+        _apply(optimizer, grads, variables)
+
+
+def _apply(optimizer, grads, variables):
     optimizer._apply_weight_decay(variables)  # pylint: disable=protected-access
     # The class's own step first (Nadam updates its u_product), which calls
     # `update_step` through `tfdist_ext.keras.fit_hooks`.
@@ -221,8 +229,9 @@ def state_bytes(optimizer) -> dict:
 
 
 def wrap_add_variable_from_reference(original):
-    """`TFOptimizer.add_variable_from_reference`: an empty slot for a sharded optimizer;
-    a replica's optimizer makes its slots as a plain optimizer does."""
+    """`TFOptimizer.add_variable_from_reference`: an empty slot for a sharded optimizer
+    (but whole gradient accumulators); a replica's optimizer makes its slots as a plain
+    optimizer does."""
 
     @functools.wraps(original)
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
@@ -231,6 +240,10 @@ def wrap_add_variable_from_reference(original):
                 self, reference_variable, name=name, initializer=initializer)
             shards.add_kind(self, name or "var", slot)
             return slot
+        if sharded(self) and name == ACCUMULATOR:
+            accumulator = original(self, reference_variable, name=name, initializer=initializer)
+            shards.add_unshared(self, accumulator)
+            return accumulator
         if sharded(self):
             slot = self.add_variable(shape=(0,), dtype=reference_variable.dtype, name=name)
             shards.add_slot(self, slot, reference_variable, name or "var")
