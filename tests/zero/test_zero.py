@@ -126,6 +126,18 @@ def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make
         _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
 
 
+def test_weights_of_two_dtypes_are_refused_with_the_dtypes():
+    x, y = _data()
+    with tfdist_ext.Strategy(num_replicas=2, zero_stage=1).scope():
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(8, dtype="float64"),
+                                  keras.layers.Dense(3, dtype="float32")])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"zero_stage=1 keeps the weights as one flat buffer "
+                                         r"of one dtype; this model's trainable weights have "
+                                         r"dtypes \['float32', 'float64'\]"):
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+
+
 def test_clipping_each_weight_by_its_norm_is_refused_at_stage_2():
     with pytest.raises(ValueError, match=r"zero_stage=2 does not support the optimizer's "
                                          r"`clipnorm` \(clipnorm=0\.5\): .* Use "

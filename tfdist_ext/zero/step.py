@@ -160,6 +160,12 @@ def update_step(optimizer, grads, variables, learning_rate):
     shards.set_layout(optimizer, variables)
     paths = [shards.path_of(v) for v in variables]
     variables = [getattr(v, "value", v) for v in variables]
+    dtypes = sorted({v.dtype.name for v in variables})
+    if len(dtypes) > 1:
+        raise ValueError(f"zero_stage={_stage(optimizer)} keeps the weights as one flat buffer "
+                         f"of one dtype; this model's trainable weights have dtypes {dtypes}. "
+                         "Give them one dtype (keras.mixed_precision policies keep float32 "
+                         "weights) or use zero_stage=0.")
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
