@@ -41,7 +41,9 @@ def summed_shard(context, optimizer, grads, plan, dtype):
     cross_ops = context.strategy.extended.cross_device_ops
     engine = cross_ops.collective_engine()
     local = int(tf.get_static_value(context.replica_id_in_sync_group)) - cross_ops.first_rank
-    flat = [tf.reshape(tf.cast(tf.convert_to_tensor(g), dtype), [-1]) for g in grads]
+    # Static lengths (a densified embedding gradient has none): the engine needs them.
+    flat = [tf.reshape(tf.cast(tf.convert_to_tensor(g), dtype), [n])
+            for g, n in zip(grads, plan.sizes)]
     padding = plan.padded - plan.total
     if padding:
         flat.append(tf.zeros([padding], dtype))
