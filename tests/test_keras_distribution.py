@@ -164,6 +164,22 @@ def test_initialize_takes_its_arguments_from_the_scheduler(scheduler):
 
 
 @pytest.mark.multiworker
+def test_installed_when_tfdists_own_compat_module_is_what_imports_keras():
+    """Under tfdist-run, `import tfdist_ext` (before keras) runs `early.prepare`, whose
+    `_compat` import is the first to import Keras: installing then found `_compat` half
+    imported, warned and left keras.distribution on Keras' own TF backend."""
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "import tfdist_ext\n"
+            "from tfdist_ext import _compat, distribution\n"
+            "import keras\n"
+            "assert distribution._installed == [True], distribution._installed\n"
+            "from tfdist_ext.distribution import backend\n"
+            "assert _compat.keras_tf_distribution_lib.list_devices is backend.list_devices\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_keras_distribution_script_at_two_workers_equals_one_process(tmp_path):
     """The same script under tfdist-run (2 workers, `with distribution.scope()`), started
     by hand with Keras' KERAS_DISTRIBUTION_* variables alone (`set_distribution`), and

@@ -283,3 +283,9 @@ def optimizer_slots(optimizer):
 def set_optimizer_strategy(optimizer, strategy):
     """Makes a Keras TF optimizer update through `strategy` (Keras reads it at construction)."""
     optimizer._distribution_strategy = strategy  # pylint: disable=protected-access
+
+
+# Callbacks that waited for this module to finish importing (it imports Keras, and
+# `tfdist_ext.distribution` installs itself once Keras is imported).
+for _callback in globals().pop("when_imported", []):
+    _callback()

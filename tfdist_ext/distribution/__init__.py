@@ -76,7 +76,15 @@ def patched():
             (_compat.keras_distribution_lib.Distribution, "distribute_dataset"))
 
 
-def _install_quietly():
+def _install_quietly(wait_for_compat=True):
+    compat = sys.modules.get("tfdist_ext._compat")
+    if wait_for_compat and compat is not None and getattr(compat.__spec__, "_initializing",
+                                                          False):
+        # `tfdist_ext._compat` is what imported Keras (e.g. `early.prepare` under a
+        # launcher): `install` needs it whole, so it runs at the end of that module.
+        compat.__dict__.setdefault("when_imported", []).append(
+            lambda: _install_quietly(wait_for_compat=False))
+        return
     try:
         install()
     except Exception as err:  # pylint: disable=broad-except
