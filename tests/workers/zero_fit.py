@@ -9,7 +9,9 @@ batch 64: 100 steps, each epoch's last batch partial) under
 from the same seed in plain Keras on the global batches (the one-process
 answer). Writes OUT_DIR/w<index>.json: per optimizer both loss curves, the
 weights' hash, their largest relative difference from one process's, this
-worker's optimizer-state bytes and the unsharded state's.
+worker's optimizer-state bytes and the unsharded state's; then an embedding
+model with positions from the input's dynamic length (keras.io's Transformer
+embedding) and SGD, both ways.
 """
 
 import hashlib
@@ -52,6 +54,31 @@ def model_and_fit(optimizer, x, y):
     return model, history.history["loss"]
 
 
+class TokenAndPosition(keras.layers.Layer):
+    """keras.io's Transformer embedding: positions from the input's dynamic length."""
+
+    def __init__(self, length, vocabulary, width):
+        super().__init__()
+        self.token = keras.layers.Embedding(vocabulary, width)
+        self.position = keras.layers.Embedding(length, width)
+
+    def call(self, x):
+        positions = keras.ops.arange(0, keras.ops.shape(x)[-1], 1)
+        return self.token(x) + self.position(positions)
+
+
+def embedding_fit(tokens, labels):
+    """3 epochs of an embedding model with SGD (sparse and dense updates agree)."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((10,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(TokenAndPosition(10, 50, 8)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(pooled))
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model.fit(tokens, labels, batch_size=32, epochs=3, shuffle=False,
+                     verbose=0).history["loss"]
+
+
 def main(out_dir, stage):
     strategy = tfdist_ext.Strategy(zero_stage=stage)
     x, y = data()
@@ -75,6 +102,11 @@ def main(out_dir, stage):
                 np.asarray(v).nbytes for v in plain_optimizer.variables
                 if v.name.endswith("gradient_accumulator")),
         }
+    tokens = np.random.default_rng(1).integers(0, 50, size=(96, 10))
+    labels = (tokens[:, 0] % 2).astype("int64")
+    with strategy.scope():
+        record["embedding"] = embedding_fit(tokens, labels)
+    record["embedding_one_process"] = embedding_fit(tokens, labels)
     with open(os.path.join(out_dir, f"w{strategy.cluster.task_index}.json"), "w",
               encoding="utf-8") as f:
         json.dump(record, f)

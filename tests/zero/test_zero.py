@@ -126,6 +126,32 @@ def test_optimizer_options_not_supported_yet_stop_fit_before_the_first_step(make
         _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=1), make)
 
 
+def test_stage_2_reduce_scatters_gradients_without_a_static_length():
+    """The corpus' Transformer under zero_stage=2 at 2 workers had a densified embedding
+    gradient of unknown length; the engine needs static lengths."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.zero import stage2  # pylint: disable=import-outside-toplevel
+
+    strategy = tfdist_ext.Strategy(num_replicas=2, zero_stage=2)
+    plan = Partition.of([5, 2], 2)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def step(unknown):
+        def replica():
+            context = tf.distribute.get_replica_context()
+            scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+            return stage2.summed_shard(context, optimizer, [unknown * scale, tf.ones([2])],
+                                       plan, tf.float32)
+        return strategy.experimental_local_results(strategy.run(replica))
+
+    first, second = step(tf.range(5, dtype=tf.float32))
+    # Sums over replicas (scales 1 and 2): [0, 3, 6, 9, 12] and [2, 2], in shards of 4.
+    np.testing.assert_array_equal(first.numpy(), [0, 3, 6, 9])
+    np.testing.assert_array_equal(second.numpy(), [12, 2, 2, 0])
+
+
 def test_weights_of_two_dtypes_are_refused_with_the_dtypes():
     x, y = _data()
     with tfdist_ext.Strategy(num_replicas=2, zero_stage=1).scope():

@@ -31,6 +31,8 @@ def test_workers_shard_the_state_and_train_100_steps_like_one_process(tmp_path, 
             # state of its shard only.
             slots = r[name]["unsharded_state_bytes"] // (829 * 4)
             assert r[name]["state_bytes"] == {str(worker): slots * shard * 4}, (name, worker)
+    for r in records:  # embeddings (densified gradients) across workers, SGD
+        assert r["embedding"] == pytest.approx(r["embedding_one_process"], rel=1e-5)
 
 
 def test_a_checkpoint_written_at_4_workers_resumes_at_2_and_in_plain_keras(tmp_path):
