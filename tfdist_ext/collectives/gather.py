@@ -24,32 +24,29 @@ v < 2^k send the whole buffer to v + 2^k. ceil(log2 p) rounds.
 from tfdist_ext.collectives.schedule import Schedule, recv, send
 
 
-def all_gather_schedule(world_size: int, rank: int, block: int) -> Schedule:
-    """Ring all-gather of `world_size` blocks of `block` elements."""
+def _ring(world_size: int, rank: int, block: int, first: int, reduce: bool) -> Schedule:
+    """p - 1 ring rounds over p blocks: in round s rank r sends block (r - s + first)
+    mod p to r + 1 and receives block (r - s + first - 1) mod p from r - 1."""
     p, total = world_size, world_size * block
     if p == 1 or block == 0:
         return Schedule(rank, p, total, ())
     right, left = (rank + 1) % p, (rank - 1) % p
     rounds = []
     for s in range(p - 1):
-        out, inc = (rank - s) % p, (rank - s - 1) % p
+        out, inc = (rank - s + first) % p, (rank - s + first - 1) % p
         rounds.append(send(right, out * block, (out + 1) * block)
-                      + recv(left, inc * block, (inc + 1) * block, reduce=False))
+                      + recv(left, inc * block, (inc + 1) * block, reduce=reduce))
     return Schedule(rank, p, total, tuple(rounds))
+
+
+def all_gather_schedule(world_size: int, rank: int, block: int) -> Schedule:
+    """Ring all-gather of `world_size` blocks of `block` elements."""
+    return _ring(world_size, rank, block, first=0, reduce=False)
 
 
 def reduce_scatter_schedule(world_size: int, rank: int, block: int) -> Schedule:
     """Ring reduce-scatter of `world_size` blocks of `block` elements: rank r sums block r."""
-    p, total = world_size, world_size * block
-    if p == 1 or block == 0:
-        return Schedule(rank, p, total, ())
-    right, left = (rank + 1) % p, (rank - 1) % p
-    rounds = []
-    for s in range(p - 1):
-        out, inc = (rank - s - 1) % p, (rank - s - 2) % p
-        rounds.append(send(right, out * block, (out + 1) * block)
-                      + recv(left, inc * block, (inc + 1) * block, reduce=True))
-    return Schedule(rank, p, total, tuple(rounds))
+    return _ring(world_size, rank, block, first=-1, reduce=True)
 
 
 def broadcast_schedule(world_size: int, rank: int, num_elements: int, root: int = 0) -> Schedule:
