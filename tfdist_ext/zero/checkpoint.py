@@ -28,6 +28,7 @@ import tensorflow as tf
 from tfdist_ext.zero import shards, step
 from tfdist_ext.zero.partition import Partition
 
+
 def _plan(optimizer):
     paths, weights = shards.layout(optimizer)
     sizes = [int(np.prod(w.shape)) for w in weights]
@@ -75,15 +76,13 @@ def wrap_save_own_variables(original):
             owners[id(owner)] = owner
             slots.setdefault((id(owner), kind), []).append((i, weight))
         for (owner, kind), entries in slots.items():
-            owner = owners[owner]
-            sharded_paths = set(shards.layout(owner)[0])
-            whole = _whole(owner, kind)
+            whole = _whole(owners[owner], kind)
             for i, weight in entries:
                 path = shards.path_of(weight)
                 # A weight the step never updated (no gradient) has its initial zeros.
-                store[str(i)] = (whole[path] if path in sharded_paths else
+                store[str(i)] = (whole[path] if path in whole else
                                  np.zeros(tuple(weight.shape), tf.as_dtype(weight.dtype).name))
-            del whole
+            del whole  # before the next kind's gather: one kind in memory at a time
         return None
 
     return save_own_variables
