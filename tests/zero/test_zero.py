@@ -10,27 +10,58 @@ from tfdist_ext.zero import Partition
 
 
 @pytest.mark.parametrize("sizes,world", [([5, 0, 7], 3), ([1], 4), ([0], 2), ([10, 3], 1),
-                                         ([829], 3), ([6, 6], 2)])
-def test_shards_cover_every_weight_once(sizes, world):
+                                         ([829], 3), ([6, 6], 2), ([7, 1, 2, 9], 4)])
+def test_blocks_cover_every_weight_once(sizes, world):
     plan = Partition.of(sizes, world)
-    owned = sum(plan.owned(r) for r in range(world))
-    assert owned == plan.total == sum(sizes)
-    covered = [i for r in range(world) for i in range(*plan.bounds(r))]
-    assert covered == list(range(plan.padded)) and plan.padded >= plan.total
-    # The pieces of every shard, in order, are the flattened weights, each element once.
-    flat = [(w, e) for w, size in enumerate(sizes) for e in range(size)]
-    assert [(w, e) for r in range(world) for w, lo, hi in plan.pieces(r)
-            for e in range(lo, hi)] == flat
-    assert [sum(hi - lo for _, lo, hi in plan.pieces(r)) for r in range(world)] == \
-        [plan.owned(r) for r in range(world)]
-    assert plan.shard == max(1, -(-sum(sizes) // world))
+    assert sum(plan.owned(r) for r in range(world)) == plan.total == sum(sizes)
+    # Replica r owns block r of every weight: each element once, in order within a weight.
+    for i, size in enumerate(sizes):
+        elements = [e for r in range(world) for w, lo, hi in plan.pieces(r) if w == i
+                    for e in range(lo, hi)]
+        assert elements == list(range(size))
+        assert all(hi - lo <= plan.block(i) for r in range(world)
+                   for w, lo, hi in plan.pieces(r) if w == i)
+    assert plan.shard == sum(-(-s // world) for s in sizes)
+    assert plan.padded == plan.shard * world >= plan.total
+    assert plan.padded - plan.total <= len(sizes) * (world - 1)  # padding: < 1 per block
+
+
+@pytest.mark.parametrize("cap", [1, 6, 12, 100])
+def test_buckets_group_consecutive_weights_under_the_cap(cap):
+    plan = Partition.of([5, 0, 7, 1, 1, 13], 3)
+    buckets = plan.buckets(cap)
+    assert [i for b in buckets for i in b] == list(range(6))
+    for bucket in buckets:
+        held = sum(plan.block(i) * 3 for i in bucket)
+        assert held <= cap or len(bucket) == 1
 
 
 def test_bad_partitions_are_named():
     with pytest.raises(ValueError, match=r"world=0: must be >= 1"):
         Partition.of([3], 0)
     with pytest.raises(ValueError, match=r"rank=2: must be in \[0, 2\)"):
-        Partition.of([3], 2).bounds(2)
+        Partition.of([3], 2).pieces(2)
+
+
+def test_rank_major_reduce_scatter_and_gather_layouts_round_trip():
+    """A bucket laid out rank-major and cut into blocks is every replica's blocks; the
+    blocks put back together are the weights (`blocks.rank_major`, `split`, `whole`)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.zero import blocks  # pylint: disable=import-outside-toplevel
+
+    shapes = [(2, 3), (0,), (5,), (1,)]
+    plan = Partition.of([int(np.prod(s)) for s in shapes], 3)
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=s).astype("float32") for s in shapes]
+    flat = blocks.rank_major(weights, plan, [0, 1, 2, 3], tf.float32).numpy()
+    width = plan.shard
+    for r in range(3):
+        mine = blocks.split(tf.constant(flat[r * width:(r + 1) * width]), plan, [0, 1, 2, 3])
+        expected = [blocks.block(w, plan, i, r, tf.float32) for i, w in enumerate(weights)]
+        for got, want in zip(mine, expected):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    for got, want in zip(blocks.whole(tf.constant(flat), plan, [0, 1, 2, 3], shapes), weights):
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 def _data():
@@ -74,16 +105,34 @@ def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replic
     np.testing.assert_allclose(history["accuracy"], full_history["accuracy"])
     for mine, theirs in zip(model.get_weights(), full.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
-    # 795 weights in `replicas` shards; the model's optimizer keeps no slot of its own.
+    # 795 weights, a block of each weight per replica (a shard within 4 elements of
+    # 795 / replicas); the model's optimizer keeps no slot of its own.
     slot_bytes = sum(np.asarray(v).nbytes for v in full_optimizer.variables
                      if v.name not in ("iteration", "learning_rate"))
-    shard = -(-795 // replicas)
+    shard = Partition.of([w.size for w in full.get_weights()], replicas).shard
+    assert 0 <= shard - 795 / replicas < 4
     per_weight, scalars = divmod(slot_bytes, 795)  # scalars: Nadam's u_product
     assert zero.state_bytes(optimizer) == {r: per_weight * shard + scalars
                                            for r in range(replicas)}
     assert sum(np.asarray(v).nbytes for v in optimizer.variables
                if v.name not in ("iteration", "learning_rate")) == scalars
     assert int(optimizer.iterations.numpy()) == int(full_optimizer.iterations.numpy()) == 10
+
+
+@pytest.mark.parametrize("stage,engine", [(1, "tf"), (1, "ucx"), (2, "ucx")])
+def test_many_buckets_and_tf_collectives_train_like_the_unsharded(monkeypatch, stage, engine):
+    """Buckets of at most 120 elements (the kernels and first bias alone, the second
+    kernel with its bias) and, at stage 1, TF's collectives in place of the engine."""
+    from tfdist_ext.zero import blocks  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(blocks, "BUCKET_ELEMENTS", 120)
+    assert Partition.of([660, 33, 99, 3], 3).buckets(120) == [[0], [1], [2, 3]]
+    model, _, history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=stage,
+                                                 engine=engine), OPTIMIZERS["adam"])
+    full, _, full_history = _fit(tfdist_ext.Strategy(num_replicas=3), OPTIMIZERS["adam"])
+    np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
+    for mine, theirs in zip(model.get_weights(), full.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("value,message", [
@@ -130,7 +179,7 @@ def test_stage_2_reduce_scatters_gradients_without_a_static_length():
     """The corpus' Transformer under zero_stage=2 at 2 workers had a densified embedding
     gradient of unknown length; the engine needs static lengths."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfdist_ext.zero import stage2  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.zero import gradients  # pylint: disable=import-outside-toplevel
 
     strategy = tfdist_ext.Strategy(num_replicas=2, zero_stage=2)
     plan = Partition.of([5, 2], 2)
@@ -142,14 +191,14 @@ def test_stage_2_reduce_scatters_gradients_without_a_static_length():
         def replica():
             context = tf.distribute.get_replica_context()
             scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
-            return stage2.summed_shard(context, optimizer, [unknown * scale, tf.ones([2])],
-                                       plan, tf.float32)
+            return gradients.summed_blocks(context, optimizer, [unknown * scale, tf.ones([2])],
+                                           plan, tf.float32, stage=2)
         return strategy.experimental_local_results(strategy.run(replica))
 
     first, second = step(tf.range(5, dtype=tf.float32))
-    # Sums over replicas (scales 1 and 2): [0, 3, 6, 9, 12] and [2, 2], in shards of 4.
-    np.testing.assert_array_equal(first.numpy(), [0, 3, 6, 9])
-    np.testing.assert_array_equal(second.numpy(), [12, 2, 2, 0])
+    # Sums over replicas (scales 1 and 2): [0, 3, 6, 9, 12] and [2, 2], in blocks of 3 and 1.
+    assert [b.numpy().tolist() for b in first] == [[0, 3, 6], [2]]
+    assert [b.numpy().tolist() for b in second] == [[9, 12, 0], [2]]
 
 
 def test_weights_of_two_dtypes_are_refused_with_the_dtypes():
@@ -158,18 +207,10 @@ def test_weights_of_two_dtypes_are_refused_with_the_dtypes():
         model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(8, dtype="float64"),
                                   keras.layers.Dense(3, dtype="float32")])
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match=r"zero_stage=1 keeps the weights as one flat buffer "
-                                         r"of one dtype; this model's trainable weights have "
+    with pytest.raises(ValueError, match=r"zero_stage=1 moves the weights in buckets of one "
+                                         r"dtype; this model's trainable weights have "
                                          r"dtypes \['float32', 'float64'\]"):
         model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-
-
-def test_clipping_each_weight_by_its_norm_is_refused_at_stage_2():
-    with pytest.raises(ValueError, match=r"zero_stage=2 does not support the optimizer's "
-                                         r"`clipnorm` \(clipnorm=0\.5\): .* Use "
-                                         r"global_clipnorm or clipvalue, or zero_stage=1"):
-        _fit(tfdist_ext.Strategy(num_replicas=2, zero_stage=2),
-             lambda: keras.optimizers.SGD(0.1, clipnorm=0.5))
 
 
 @pytest.mark.parametrize("make,stage", [
@@ -178,6 +219,7 @@ def test_clipping_each_weight_by_its_norm_is_refused_at_stage_2():
     (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002), 1),
     (lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1), 2),
     (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.002), 2),
+    (lambda: keras.optimizers.Adam(0.01, clipnorm=0.05), 2),
 ])
 def test_clipping_applies_to_the_summed_gradients_as_without_sharding(make, stage):
     strategy = tfdist_ext.Strategy(num_replicas=3, zero_stage=stage)

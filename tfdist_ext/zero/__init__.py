@@ -5,9 +5,11 @@ with Adam that is two slots per weight. ZeRO (Rajbhandari, Rasley, Ruwase, He,
 "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC'20)
 gives each of the N replicas the state of 1/N of the weights
 (`Strategy(zero_stage=1)`), and at stage 2 only its shard of the summed
-gradients: `partition` plans the split, `step` runs the step, `stage2`
-reduce-scatters the gradients, `shards` keeps track of each replica's part
-and `checkpoint` saves and loads the whole state in Keras' format.
+gradients: `partition` plans the split (a block of every weight per
+replica), `step` runs the step, `gradients` sums the gradients into each
+replica's blocks, `blocks` cuts and gathers them, `shards` keeps track of
+each replica's part and `checkpoint` saves and loads the whole state in
+Keras' format.
 """
 
 from tfdist_ext.zero.checkpoint import wrap_load_own_variables, wrap_save_own_variables

@@ -3,7 +3,7 @@
 `model.save`, `save_weights`, `ModelCheckpoint` and `BackupAndRestore` call
 the optimizer's `save_own_variables`; under `zero_stage=1` it writes every
 slot whole, as an unsharded optimizer would: each kind of slot ("momentum",
-"velocity", ...) is gathered from the replicas' shards (each shard placed in
+"velocity", ...) is gathered from the replicas' blocks (each block placed in
 zeros and summed: exact) and written weight by weight, so a save holds one
 kind of slot of the whole model at a time. The file is the one plain Keras
 writes: plain Keras loads it, and so does a run at any other number of
@@ -37,7 +37,7 @@ def _plan(optimizer):
 
 
 def _whole(optimizer, kind: str):
-    """{weight path: whole `kind` slot (numpy)}, gathered from every replica's shard."""
+    """{weight path: whole `kind` slot (numpy)}, gathered from every replica's blocks."""
     strategy, paths, weights, plan = _plan(optimizer)
     dtype = tf.as_dtype(weights[0].dtype)
 
@@ -45,18 +45,18 @@ def _whole(optimizer, kind: str):
         context = tf.distribute.get_replica_context()
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         _, own = step.shard_state(optimizer, replica, plan, paths, dtype)
-        mine = tf.convert_to_tensor(shards.kinds(own)[kind])
-        lo, hi = plan.bounds(replica)
-        return strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM,
-                                         tf.pad(mine, [[lo, plan.padded - hi]]))
+        out = []
+        for i, slot in enumerate(shards.kinds(own)[kind]):
+            width = plan.block(i)
+            placed = tf.pad(tf.convert_to_tensor(slot),
+                            [[replica * width, (plan.world - 1 - replica) * width]])
+            out.append(strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, placed))
+        return out
 
-    flat = strategy.experimental_local_results(
-        tf.function(lambda: strategy.run(per_replica))())[0].numpy()
-    out, offset = {}, 0
-    for path, weight, size in zip(paths, weights, plan.sizes):
-        out[path] = flat[offset:offset + size].reshape(tuple(weight.shape))
-        offset += size
-    return out
+    gathered = tf.function(lambda: strategy.run(per_replica))()
+    return {path: strategy.experimental_local_results(flat)[0].numpy()[:size].reshape(
+        tuple(weight.shape)) for path, weight, size, flat in zip(paths, weights, plan.sizes,
+                                                                  gathered)}
 
 
 def wrap_save_own_variables(original):

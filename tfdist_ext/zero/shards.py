@@ -2,8 +2,9 @@
 
 A model's optimizer under `zero_stage=1` has, per weight and kind of slot
 ("momentum", "velocity", ...), an empty slot variable; each replica of this
-process has a shard variable and an optimizer over it (`step.shard_state`)
-whose slots of the same kinds hold that replica's part. This module keeps
+process has a variable per weight for its block of it and an optimizer over
+them (`step.shard_state`) whose slots of the same kinds hold that replica's
+part. This module keeps
 the links between them (weak: they go with the optimizer) and, for a file
 loaded before the first step made the replicas' optimizers, the loaded state
 until they are made (`keep_pending`, `take_pending`). `restore` writes a
@@ -16,10 +17,10 @@ import weakref
 import numpy as np
 
 _lock = threading.Lock()
-_replicas = weakref.WeakKeyDictionary()  # optimizer -> {replica: (shard, its optimizer)}
+_replicas = weakref.WeakKeyDictionary()  # optimizer -> {replica: (blocks, its optimizer)}
 _replica_optimizers = weakref.WeakSet()
 _slots = weakref.WeakKeyDictionary()  # optimizer -> {id(slot): (slot, weight, kind)}
-_kinds = weakref.WeakKeyDictionary()  # replica's optimizer -> {kind: slot over the shard}
+_kinds = weakref.WeakKeyDictionary()  # replica's optimizer -> {kind: [slot per block]}
 _unshared = weakref.WeakKeyDictionary()  # optimizer -> ids of its whole, own variables
 _layouts = weakref.WeakKeyDictionary()  # optimizer -> paths of the sharded weights, in order
 _pending = weakref.WeakKeyDictionary()  # optimizer -> [arrays, replicas still to serve]
@@ -37,10 +38,10 @@ def is_replica_optimizer(optimizer) -> bool:
     return optimizer in _replica_optimizers
 
 
-def add_replica(optimizer, replica: int, shard, own) -> None:
-    """Records `own`, replica `replica`'s optimizer over `shard`, for `optimizer`."""
+def add_replica(optimizer, replica: int, blocks, own) -> None:
+    """Records `own`, replica `replica`'s optimizer over `blocks`, for `optimizer`."""
     with _lock:
-        _replicas.setdefault(optimizer, {})[replica] = (shard, own)
+        _replicas.setdefault(optimizer, {})[replica] = (blocks, own)
 
 
 def mark_replica_optimizer(own) -> None:
@@ -49,7 +50,7 @@ def mark_replica_optimizer(own) -> None:
 
 
 def replicas(optimizer) -> dict:
-    """{replica id: (shard variable, its optimizer)} of this process's replicas."""
+    """{replica id: (block variables, their optimizer)} of this process's replicas."""
     with _lock:
         return dict(_replicas.get(optimizer, {}))
 
@@ -85,18 +86,19 @@ def add_unshared(optimizer, variable) -> None:
 
 
 def add_kind(own, kind: str, variable) -> None:
-    """Records `variable` as replica optimizer `own`'s slot of `kind` over its shard."""
+    """Records `variable` as replica optimizer `own`'s next slot of `kind` (one per
+    weight, in the weights' order)."""
     with _lock:
-        _kinds.setdefault(own, {})[kind] = variable
+        _kinds.setdefault(own, {}).setdefault(kind, []).append(variable)
 
 
 def kinds(own) -> dict:
-    """{kind: slot variable over the shard} of a replica's optimizer."""
-    return dict(_kinds.get(own, {}))
+    """{kind: [slot variable over each weight's block]} of a replica's optimizer."""
+    return {kind: list(slots) for kind, slots in _kinds.get(own, {}).items()}
 
 
 def set_layout(optimizer, weights) -> None:
-    """The weights the step shards, in the order of the flat buffer."""
+    """The weights the step shards, in the partition's order."""
     _layouts[optimizer] = tuple(path_of(w) for w in weights)
 
 
@@ -140,7 +142,7 @@ def shared_variables(optimizer, own):
     Both optimizers are of one class and config and make these variables in the
     same order; their names may differ (Keras numbers unnamed variables).
     """
-    slots = {id(v) for v in kinds(own).values()}
+    slots = {id(v) for per_kind in kinds(own).values() for v in per_kind}
     theirs = [v for v in own.variables if id(v) not in slots]
     unshared = _unshared.get(optimizer, set())
     mine = [v for v in optimizer.variables
@@ -160,23 +162,21 @@ def restore(own, replica: int, plan, paths, arrays: dict) -> None:
         own: The replica's optimizer over its shard.
         replica: Its replica id.
         plan: The `Partition` of the weights named by `paths`.
-        paths: Paths of the sharded weights, in the order of the flat buffer.
+        paths: Paths of the sharded weights, in the partition's order.
         arrays: {(weight path, kind): the whole slot}.
 
     Raises:
         ValueError: `arrays` lacks a slot the optimizer has.
     """
-    for kind, variable in kinds(own).items():
-        parts = []
-        for index, lo, hi in plan.pieces(replica):
+    for kind, variables in kinds(own).items():
+        for (index, lo, hi), variable in zip(plan.pieces(replica), variables):
             key = (paths[index], kind)
             if key not in arrays:
                 raise ValueError(f"The loaded optimizer state has no {kind!r} slot for weight "
                                  f"{paths[index]!r}: it was saved from another model or "
                                  "optimizer. Load a file saved with the same model and "
                                  "optimizer class.")
-            parts.append(np.asarray(arrays[key]).reshape(-1)[lo:hi])
-        padding = plan.shard - sum(p.size for p in parts)
-        parts.append(np.zeros([padding]))
-        variable.assign(np.concatenate(parts).astype(getattr(variable.dtype, "name",
-                                                             variable.dtype)))
+            part = np.asarray(arrays[key]).reshape(-1)[lo:hi]
+            padding = np.zeros([plan.block(index) - part.size], part.dtype)
+            variable.assign(np.concatenate([part, padding]).astype(
+                getattr(variable.dtype, "name", variable.dtype)))

@@ -1,33 +1,33 @@
-"""The ZeRO step: each replica's optimizer updates and keeps its shard of the weights.
+"""The ZeRO step: each replica's optimizer updates and keeps its blocks of the weights.
 
-Per step, in each replica (`update_step`, in place of Keras' all-reduce-then-
-apply): the gradients are all-reduced as in plain data parallelism (stage 1)
-or reduce-scattered (stage 2, `stage2`: the replica gets its shard's sum); the
-replica's optimizer updates its shard of the flattened weights
-(`partition.Partition`; only the shard's pieces are sliced, no flat copy of
-the model) and keeps state for that shard alone; then each weight in turn is
-gathered from the replicas' shards and assigned (`_gather`), so the gather
-holds one weight's buffers at a time. The gather is an all-reduce of the
-pieces placed in zeros: bytes per step are twice plain data parallelism's
-(an all-gather would send half of that). Keras applies weight decay
-(AdamW, `weight_decay=`) to the full weights before, as without sharding.
-Clipping applies to the summed gradients (`apply_gradients`), as in one
-process. Embedding gradients (IndexedSlices) are reduced dense, as with
-`Strategy(sparse_as_dense=True)`: the same for SGD and momentum; Adam squares
-each row's sum, not each lookup's.
+Every weight is cut into N equal blocks and replica r owns block r of each
+(`partition.Partition`). Per step, in each replica (`update_step`, in place
+of Keras' all-reduce-then-apply): the replica gets its block of each summed
+gradient (`gradients.summed_blocks`: all-reduced at stage 1,
+reduce-scattered at stage 2, clipped as one process clips); its own
+optimizer updates its blocks and keeps state for them alone; then the
+updated blocks are all-gathered into the weights, bucket by bucket
+(`blocks.gather`). Bytes per step: an all-reduce's at stage 1 plus an
+all-gather's, at stage 2 a reduce-scatter's and an all-gather's (together
+an all-reduce's). Keras applies weight decay (AdamW, `weight_decay=`) to the
+full weights before, as without sharding. Embedding gradients
+(IndexedSlices) are reduced dense, as with `Strategy(sparse_as_dense=True)`:
+the same for SGD and momentum; Adam squares each row's sum, not each
+lookup's.
 
 The model's optimizer object keeps its `iterations`, learning rate and
 config; its per-weight slots are empty, and each replica's state lives in a
-second optimizer of the same class and config over a plain (unmirrored)
-variable holding that replica's shard (`shard_state`). Options that need the
-whole state in one place are refused with an error (`check_optimizer`), and
-`checkpoint` saves and loads the whole state in Keras' format.
+second optimizer of the same class and config over plain (unmirrored)
+variables holding that replica's blocks (`shard_state`). Options that need
+the whole state in one place are refused with an error (`check_optimizer`),
+and `checkpoint` saves and loads the whole state in Keras' format.
 
-Tuning: per replica, the state shrinks to 1/N, and the shard's weights are
-kept once more (the replica optimizer's variable): with Adam (state twice the
-weights) the saving is (2N - 3)/N of the weights' bytes. At stage 1 the
-gather doubles the bytes per step; stage 2 sends 1.5x plain data
-parallelism's. Keep `zero_stage=0` while the state fits.
+Tuning: per replica, the state shrinks to 1/N (plus less than one element
+per weight of padding). The blocks' copies of the weights exist only during
+the step (emptied after the gather), so between steps a replica holds the
+weights, its 1/N of the state and nothing else of ZeRO's. Keep
+`zero_stage=0` while the state fits; prefer stage 2, which sends and holds
+less than stage 1 (stage 1 also runs with engine="tf").
 """
 
 import functools
@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.zero import accumulation, shards, stage2
+from tfdist_ext.zero import accumulation, blocks, gradients, shards
 from tfdist_ext.zero.partition import Partition
 
 STAGES = (0, 1, 2)
@@ -68,11 +68,9 @@ def check_optimizer(optimizer) -> None:
         if isinstance(optimizer, getattr(keras.optimizers, name, ())):
             raise ValueError(f"zero_stage={stage} does not support keras.optimizers.{name}: "
                              "its update reads whole weights (norms or factored rows and "
-                             "columns), and a replica holds a flat shard of them. Use an "
+                             "columns), and a replica holds a block of each. Use an "
                              "element-wise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, "
                              "Lion, ...) or zero_stage=0.")
-    if stage == 2:
-        stage2.check_clipping(optimizer)
     if optimizer.use_ema:
         raise ValueError(f"zero_stage={stage} does not support the optimizer's `use_ema` "
                          "(use_ema=True) yet; leave it out or use zero_stage=0.")
@@ -104,28 +102,31 @@ def _plain_variables():
 
 
 def shard_state(optimizer, replica: int, plan: Partition, paths, dtype):
-    """(shard variable, optimizer over it) of `replica`, made on first use.
+    """(block variables, optimizer over them) of `replica`, made on first use.
 
-    A state loaded before (`shards.keep_pending`) is written into a new one.
+    One variable per weight holds the replica's block of it during the step;
+    its length is left open so that the step can empty it again. A state
+    loaded before (`shards.keep_pending`) is written into the new optimizer.
     """
     with _lock:
         made = shards.replicas(optimizer).get(replica)
         if made is not None:
             return made
         with tf.init_scope(), _plain_variables():
-            shard = tf.Variable(tf.zeros([plan.shard], dtype), trainable=False,
-                                name=f"zero_shard_{replica}")
+            variables = [tf.Variable(tf.zeros([plan.block(i)], dtype), trainable=False,
+                                     shape=tf.TensorShape([None]), name=f"zero_block_{replica}")
+                         for i in range(len(plan.sizes))]
             # The replica's optimizer steps only: accumulation stays with the model's.
             own = type(optimizer).from_config({**optimizer.get_config(),
                                                "gradient_accumulation_steps": None})
             _compat.set_optimizer_strategy(own, _compat.default_strategy())
             shards.mark_replica_optimizer(own)
-            own.build([shard])
+            own.build(variables)
             pending = shards.take_pending(optimizer)
             if pending is not None:
                 shards.restore(own, replica, plan, paths, pending)
-        shards.add_replica(optimizer, replica, shard, own)
-        return shard, own
+        shards.add_replica(optimizer, replica, variables, own)
+        return variables, own
 
 
 def apply_gradients(optimizer, grads, variables):
@@ -151,8 +152,7 @@ def update_step(optimizer, grads, variables, learning_rate):
     """Keras' `_backend_update_step` (replica context) with the state sharded.
 
     The summed gradients are clipped as the optimizer's `clipnorm`,
-    `global_clipnorm` or `clipvalue` asks: every replica has them whole, so the
-    global norm needs no more communication.
+    `global_clipnorm` or `clipvalue` asks (`gradients.summed_blocks`).
     """
     check_optimizer(optimizer)
     context = tf.distribute.get_replica_context()
@@ -162,65 +162,40 @@ def update_step(optimizer, grads, variables, learning_rate):
     variables = [getattr(v, "value", v) for v in variables]
     dtypes = sorted({v.dtype.name for v in variables})
     if len(dtypes) > 1:
-        raise ValueError(f"zero_stage={_stage(optimizer)} keeps the weights as one flat buffer "
-                         f"of one dtype; this model's trainable weights have dtypes {dtypes}. "
+        raise ValueError(f"zero_stage={_stage(optimizer)} moves the weights in buckets of one "
+                         f"dtype; this model's trainable weights have dtypes {dtypes}. "
                          "Give them one dtype (keras.mixed_precision policies keep float32 "
                          "weights) or use zero_stage=0.")
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
-    pieces = plan.pieces(replica)  # no full flat copy: only the shard's pieces are sliced
-
-    def shard_of(tensors):
-        parts = [tf.reshape(tf.cast(tensors[i], dtype), [-1])[lo:hi] for i, lo, hi in pieces]
-        padding = plan.shard - plan.owned(replica)
-        return tf.concat(parts + ([tf.zeros([padding], dtype)] if padding else []), 0)
-
-    if _stage(optimizer) == 2:
-        shard_grads = stage2.summed_shard(context, optimizer, grads, plan, dtype)
-    else:
-        grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                   [tf.convert_to_tensor(g) for g in grads])
-        shard_grads = shard_of(optimizer._clip_gradients(grads))  # pylint: disable=protected-access
-    shard, own = shard_state(optimizer, replica, plan, paths, dtype)
-    shard.assign(shard_of(variables))
+    grads = gradients.summed_blocks(context, optimizer, grads, plan, dtype, _stage(optimizer))
+    mine, own = shard_state(optimizer, replica, plan, paths, dtype)
     own.iterations.assign(optimizer.iterations)
-    for mine, theirs in shards.shared_variables(optimizer, own):
-        theirs.assign(mine)
-    own.update_step(shard_grads, shard, learning_rate)
-    context.merge_call(functools.partial(_gather, variables=variables, plan=plan),
-                       args=(tf.convert_to_tensor(shard), tf.constant(replica)))
+    for theirs, copy in shards.shared_variables(optimizer, own):
+        copy.assign(theirs)
+    for i, (grad, variable, weight) in enumerate(zip(grads, mine, variables)):
+        variable.assign(blocks.block(weight, plan, i, replica, dtype))
+        own.update_step(grad, variable, learning_rate)
+    context.merge_call(functools.partial(_gather, variables=variables, plan=plan, dtype=dtype),
+                       args=([tf.convert_to_tensor(v) for v in mine], tf.constant(replica)))
+    for variable in mine:  # their memory is free between steps
+        variable.assign(tf.zeros([0], dtype))
 
 
-def _gather(distribution, updated, replicas, variables, plan):
-    """Every replica's updated shard into the weights, one weight at a time.
-
-    Each weight, with each replica's piece in place in zeros, is summed over the
-    replicas (an all-gather whose sums add zeros only: exact, on the strategy's
-    engine) and assigned before the next weight's is made, so a step holds one
-    weight's gather buffers at a time, not the whole model's.
-    """
-    devices = distribution.extended.worker_devices
-    updated = distribution.experimental_local_results(updated)
+def _gather(distribution, updated, replicas, variables, plan, dtype):
+    """Every replica's updated blocks into the weights, bucket by bucket
+    (`blocks.gather`: one bucket's buffers at a time)."""
+    updated = [distribution.experimental_local_results(u) for u in updated]
     replicas = [int(tf.get_static_value(r))
                 for r in distribution.experimental_local_results(replicas)]
-    pieces = [{i: (lo, hi) for i, lo, hi in plan.pieces(r)} for r in replicas]
-    offsets = [0] * len(devices)
-    previous = []
-    for i, variable in enumerate(variables):
-        size = plan.sizes[i]
-        with tf.control_dependencies(previous):
-            parts = []
-            for j, device in enumerate(devices):
-                lo, hi = pieces[j].get(i, (0, 0))
-                with tf.device(device):
-                    mine = updated[j][offsets[j]:offsets[j] + hi - lo]
-                    parts.append(tf.reshape(tf.pad(mine, [[lo, size - hi]]), variable.shape))
-                offsets[j] += hi - lo
-            summed = distribution.extended.reduce_to(
-                tf.distribute.ReduceOp.SUM, _compat.PerReplica(parts), destinations=variable)
-            previous = [distribution.extended.update(variable, lambda v, x: v.assign(x),
-                                                     args=(summed,), group=True)]
+
+    def assign(bucket, weights):
+        return [distribution.extended.update(variables[i], lambda v, x: v.assign(x),
+                                             args=(_compat.PerReplica(values),), group=True)
+                for i, values in zip(bucket, weights)]
+
+    blocks.gather(distribution, updated, replicas, plan, variables, dtype, assign)
 
 
 def slot_bytes(optimizer) -> int:
@@ -242,8 +217,11 @@ def wrap_add_variable_from_reference(original):
     @functools.wraps(original)
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if shards.is_replica_optimizer(self):
-            slot = _compat.BaseOptimizer.add_variable_from_reference(
-                self, reference_variable, name=name, initializer=initializer)
+            # The shard's length, which its variable leaves open (`shard_state`).
+            shape = tuple(tf.convert_to_tensor(reference_variable).shape)
+            slot = self.add_variable(shape=shape, initializer=initializer,
+                                     dtype=reference_variable.dtype,
+                                     name=f"zero_shard_{name or 'var'}")
             shards.add_kind(self, name or "var", slot)
             return slot
         if sharded(self) and name == ACCUMULATOR:
