@@ -11,7 +11,8 @@ plain path). Per worker: the optimizer's state bytes (Adam's two slots; at
 stages 1 and 2 the worker's shard), the summed gradient it receives (the
 whole at stages 0 and 1, its shard at stage 2: the partition's size), its peak
 resident
-memory (`ru_maxrss`, after the steps) and the chief's median step over
+memory (`ru_maxrss`, after the steps), TensorFlow's allocator's peak bytes in
+use (`tf.config.experimental.get_memory_info`) and the chief's median step over
 `--steps` steps after `--warmup`; the first losses, which must agree across
 stages. With `--torch PYTHON` (an interpreter with PyTorch), the same model
 under DDP with `torch.optim.Adam` and with `ZeroRedundancyOptimizer(Adam)`
@@ -91,9 +92,20 @@ def work(args):
     record = {"state_bytes": state, "summed_gradient_bytes": 4 * summed,
               "peak_rss_bytes": resource.getrusage(
                   resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "allocator_peak_bytes": _allocator_peak(),
               "median_step_s": float(np.median(np.diff(clock.times)[args.warmup:])),
               "loss": history.history["loss"][-1], "weights": model.count_params()}
     pathlib.Path(f"{args.out}-w{strategy.worker_index}.json").write_text(json.dumps(record))
+
+
+def _allocator_peak():
+    """Peak bytes in use of TensorFlow's CPU allocator (on x86 a BFC pool that keeps
+    what it once held: RSS moves in its region steps), or None."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    except (ValueError, tf.errors.OpError):
+        return None
 
 
 def _row(framework, workers, stage, records):
@@ -101,6 +113,9 @@ def _row(framework, workers, stage, records):
             "state_mb": max(r["state_bytes"] for r in records) / MB,
             "summed_gradient_mb": max(r.get("summed_gradient_bytes", 0) for r in records) / MB,
             "peak_mb": max(r["peak_rss_bytes"] for r in records) / MB,
+            "allocator_peak_mb": (max(r["allocator_peak_bytes"] for r in records) / MB
+                                  if all(r.get("allocator_peak_bytes") for r in records)
+                                  else None),
             "step_ms": 1e3 * records[0]["median_step_s"], "loss": records[0]["loss"],
             "weights": records[0].get("weights")}
 
