@@ -7,7 +7,8 @@ A UCX engine with room for two 2 MB results in shared memory
 holds are recorded after each step), a third falls back to each rank's own
 tensor, freed room is used again, and an op that consumes a shared result
 inside a tf.function on worker 1 does not change worker 0's. Every result is
-checked against numpy. Writes OUT_DIR/w<index>.json.
+checked against numpy, and so are reduce-scatters through shared memory (2 MB)
+and the ring (4 KB). Writes OUT_DIR/w<index>.json.
 """
 
 import json
@@ -87,6 +88,13 @@ def main(out_dir):
     barrier()  # worker 1 has doubled its result by now
     if rank != 1:
         check("beside_a_consumer", result, 5)
+    # Reduce-scatter: 2 MB sums through shared memory on one host, 4 KB through the ring.
+    for seed, size in ((6, N), (7, 1024)):
+        mine = engine.reduce_scatter(tf.constant(inputs(seed)[:size]), 0).numpy()
+        block = size // world
+        want = expected(seed)[:size][rank * block:(rank + 1) * block]
+        if mine.shape != want.shape or not np.allclose(mine, want, rtol=1e-5, atol=1e-5):
+            record["wrong"].append(f"reduce_scatter_{size}")
     with open(os.path.join(out_dir, f"w{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
 
