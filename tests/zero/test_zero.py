@@ -119,6 +119,42 @@ def test_sharded_state_trains_like_the_unsharded_and_holds_one_shard_each(replic
     assert int(optimizer.iterations.numpy()) == int(full_optimizer.iterations.numpy()) == 10
 
 
+def _decaying(rate):
+    return keras.optimizers.schedules.ExponentialDecay(rate, decay_steps=3, decay_rate=0.7)
+
+
+ELEMENT_WISE = {
+    "rmsprop_centered": lambda: keras.optimizers.RMSprop(_decaying(0.01), momentum=0.5,
+                                                         centered=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(_decaying(0.1)),
+    "adamax": lambda: keras.optimizers.Adamax(_decaying(0.01)),
+    "adadelta": lambda: keras.optimizers.Adadelta(_decaying(1.0)),
+    "ftrl": lambda: keras.optimizers.Ftrl(_decaying(0.1), l1_regularization_strength=0.001,
+                                          l2_shrinkage_regularization_strength=0.01),
+    "lion": lambda: keras.optimizers.Lion(_decaying(0.001)),
+    "sgd_nesterov": lambda: keras.optimizers.SGD(_decaying(0.05), momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENT_WISE))
+def test_every_element_wise_optimizer_with_a_schedule_trains_evaluates_and_predicts_alike(
+        name):
+    """The issue's "any Keras optimizer" with a learning-rate schedule, at stage 2 and 3
+    replicas; `evaluate` and `predict` after `fit` as unsharded."""
+    x, _ = _data()
+    model, _, history = _fit(tfdist_ext.Strategy(num_replicas=3, zero_stage=2),
+                             ELEMENT_WISE[name])
+    full, _, full_history = _fit(tfdist_ext.Strategy(num_replicas=3), ELEMENT_WISE[name])
+    np.testing.assert_allclose(history["loss"], full_history["loss"], rtol=1e-5)
+    assert history["loss"][0] != history["loss"][-1]  # it trains
+    for mine, theirs in zip(model.get_weights(), full.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.evaluate(x, _data()[1], verbose=0),
+                               full.evaluate(x, _data()[1], verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(model.predict(x, verbose=0), full.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("stage,engine", [(1, "tf"), (1, "ucx"), (2, "ucx")])
 def test_many_buckets_and_tf_collectives_train_like_the_unsharded(monkeypatch, stage, engine):
     """Buckets of at most 120 elements (the kernels and first bias alone, the second
