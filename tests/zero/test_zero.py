@@ -215,7 +215,7 @@ def test_stage_2_reduce_scatters_gradients_without_a_static_length():
     """The corpus' Transformer under zero_stage=2 at 2 workers had a densified embedding
     gradient of unknown length; the engine needs static lengths."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfdist_ext.zero import gradients  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.zero import summed  # pylint: disable=import-outside-toplevel
 
     strategy = tfdist_ext.Strategy(num_replicas=2, zero_stage=2)
     plan = Partition.of([5, 2], 2)
@@ -227,8 +227,8 @@ def test_stage_2_reduce_scatters_gradients_without_a_static_length():
         def replica():
             context = tf.distribute.get_replica_context()
             scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
-            return gradients.summed_blocks(context, optimizer, [unknown * scale, tf.ones([2])],
-                                           plan, tf.float32, stage=2)
+            return summed.gradient_blocks(context, optimizer, [unknown * scale, tf.ones([2])],
+                                          plan, tf.float32, stage=2)
         return strategy.experimental_local_results(strategy.run(replica))
 
     first, second = step(tf.range(5, dtype=tf.float32))

@@ -6,7 +6,7 @@ with Adam that is two slots per weight. ZeRO (Rajbhandari, Rasley, Ruwase, He,
 gives each of the N replicas the state of 1/N of the weights
 (`Strategy(zero_stage=1)`), and at stage 2 only its shard of the summed
 gradients: `partition` plans the split (a block of every weight per
-replica), `step` runs the step, `gradients` sums the gradients into each
+replica), `step` runs the step, `summed` sums the gradients into each
 replica's blocks, `blocks` cuts and gathers them, `shards` keeps track of
 each replica's part and `checkpoint` saves and loads the whole state in
 Keras' format.

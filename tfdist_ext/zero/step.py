@@ -3,7 +3,7 @@
 Every weight is cut into N equal blocks and replica r owns block r of each
 (`partition.Partition`). Per step, in each replica (`update_step`, in place
 of Keras' all-reduce-then-apply): the replica gets its block of each summed
-gradient (`gradients.summed_blocks`: all-reduced at stage 1,
+gradient (`summed.gradient_blocks`: all-reduced at stage 1,
 reduce-scattered at stage 2, clipped as one process clips); its own
 optimizer updates its blocks and keeps state for them alone; then the
 updated blocks are all-gathered into the weights, bucket by bucket
@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat
-from tfdist_ext.zero import accumulation, blocks, gradients, shards
+from tfdist_ext.zero import accumulation, blocks, shards, summed
 from tfdist_ext.zero.partition import Partition
 
 STAGES = (0, 1, 2)
@@ -152,7 +152,7 @@ def update_step(optimizer, grads, variables, learning_rate):
     """Keras' `_backend_update_step` (replica context) with the state sharded.
 
     The summed gradients are clipped as the optimizer's `clipnorm`,
-    `global_clipnorm` or `clipvalue` asks (`gradients.summed_blocks`).
+    `global_clipnorm` or `clipvalue` asks (`summed.gradient_blocks`).
     """
     check_optimizer(optimizer)
     context = tf.distribute.get_replica_context()
@@ -169,7 +169,7 @@ def update_step(optimizer, grads, variables, learning_rate):
     plan = Partition.of([v.shape.num_elements() for v in variables],
                         context.num_replicas_in_sync)
     dtype = variables[0].dtype
-    grads = gradients.summed_blocks(context, optimizer, grads, plan, dtype, _stage(optimizer))
+    grads = summed.gradient_blocks(context, optimizer, grads, plan, dtype, _stage(optimizer))
     mine, own = shard_state(optimizer, replica, plan, paths, dtype)
     own.iterations.assign(optimizer.iterations)
     for theirs, copy in shards.shared_variables(optimizer, own):

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tfdist_ext.zero import blocks
 
 
-def summed_blocks(context, optimizer, grads, plan, dtype, stage: int):
+def gradient_blocks(context, optimizer, grads, plan, dtype, stage: int):
     """This replica's block of each summed gradient, clipped as the optimizer asks.
 
     Args:
