@@ -2,8 +2,9 @@
 
     tfdist-run -np N python zero_fit.py OUT_DIR STAGE
 
-For momentum SGD, Adam, AdamW, momentum SGD clipped by the global norm and
-Adam accumulating 3 steps: `fit` (10 epochs of 600 samples, global
+For momentum SGD, Adam, AdamW (in buckets of at most 150 elements: several
+collectives per step), momentum SGD clipped by the global norm and Adam
+accumulating 3 steps: `fit` (10 epochs of 600 samples, global
 batch 64: 100 steps, each epoch's last batch partial) under
 `Strategy(zero_stage=STAGE)`, then the same model
 from the same seed in plain Keras on the global batches (the one-process
@@ -24,6 +25,9 @@ import numpy as np
 
 import tfdist_ext
 from tfdist_ext import zero
+from tfdist_ext.zero import blocks
+
+BUCKET_ELEMENTS = blocks.BUCKET_ELEMENTS
 
 OPTIMIZERS = {
     "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
@@ -45,7 +49,7 @@ def data():
 
 def model_and_fit(optimizer, x, y):
     keras.utils.set_random_seed(1)
-    # 829 weights: shards of 415 at 2 workers and 277 at 3, the last padded.
+    # 829 weights: a block of each weight per worker (415 elements at 2 workers, 277 at 3).
     model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(33, activation="relu"),
                               keras.layers.Dense(4)])
     model.compile(optimizer=optimizer,
@@ -84,9 +88,13 @@ def main(out_dir, stage):
     x, y = data()
     record = {}
     for name, make in OPTIMIZERS.items():
+        # AdamW's collectives go in buckets of at most 150 elements: 3 buckets, the last
+        # with two weights (the others: one bucket for the whole model).
+        blocks.BUCKET_ELEMENTS = 150 if name == "adamw" else BUCKET_ELEMENTS
         with strategy.scope():
             optimizer = make()
             model, losses = model_and_fit(optimizer, x, y)
+        blocks.BUCKET_ELEMENTS = BUCKET_ELEMENTS
         plain_optimizer = make()
         plain_model, plain = model_and_fit(plain_optimizer, x, y)
         record[name] = {
