@@ -285,8 +285,12 @@ class UcxEngine:
         return self.in_process and isinstance(algorithm, str)
 
     def _sums_on_host(self, algorithm, flat):
+        return isinstance(algorithm, str) and self._host_sum_fits(flat)
+
+    def _host_sum_fits(self, flat):
+        # Every rank a process of this machine, and big enough to beat the schedules.
         nbytes = flat.shape.num_elements() * flat.dtype.size
-        return self.on_host and isinstance(algorithm, str) and nbytes >= HOST_SUM_MIN_BYTES
+        return self.on_host and nbytes >= HOST_SUM_MIN_BYTES
 
     def all_reduce(self, flat, local_index, algorithm, label=None):
         """Sums the 1-D `flat` over all ranks with `algorithm`'s schedule.
@@ -335,7 +339,7 @@ class UcxEngine:
         if self.world_size == 1 or n == 0:
             return flat
         rank = self.first_rank + local_index
-        if self._sums_on_host("ring", flat):  # one host: the shared-memory sum is faster
+        if self._host_sum_fits(flat):  # faster than the ring on one host
             summed = self._run(flat, local_index, [0], label, host_sum=True)
         else:
             summed = self._run(flat, local_index, self._plan("reduce_scatter", None, rank, n),

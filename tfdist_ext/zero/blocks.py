@@ -1,7 +1,8 @@
 """Tensors cut into a `Partition`'s blocks and put back together, and the gather of
 updated blocks into whole weights.
 
-`block` takes a replica's block of one weight; `rank_major` lays a bucket of
+`block` takes a replica's block of one weight; `placed` puts it among zeros
+for an all-gather by summing; `rank_major` lays a bucket of
 weights out for a reduce-scatter (replica r's blocks r-th); `whole` turns a
 bucket's all-gathered blocks back into its weights; `gather` runs the
 all-gather of every bucket in turn on the strategy's engine (or, with
@@ -20,7 +21,7 @@ _ENGINE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 def block(tensor, plan, index: int, rank: int, dtype):
     """Replica `rank`'s block of weight `index` (`tensor`, any shape), padded with zeros."""
-    _, lo, hi = plan.pieces(rank)[index]
+    lo, hi = plan.piece(rank, index)
     flat = tf.reshape(tf.cast(tensor, dtype), [plan.sizes[index]])[lo:hi]
     padding = plan.block(index) - (hi - lo)
     return tf.concat([flat, tf.zeros([padding], dtype)], 0) if padding else flat
@@ -54,6 +55,13 @@ def whole(gathered, plan, bucket, shapes):
             for i, c, shape in zip(bucket, columns, shapes)]
 
 
+def placed(mine, rank: int, world: int):
+    """`mine` (1-D) as block `rank` of `world` equal blocks, zeros elsewhere: summed over
+    the replicas, such tensors are an all-gather (exact: the sums add zeros)."""
+    width = mine.shape.num_elements()
+    return tf.pad(mine, [[rank * width, (world - 1 - rank) * width]])
+
+
 def gather(distribution, blocks, ranks, plan, variables, dtype, consume):
     """All-gathers every bucket of updated blocks and hands its weights to `consume`.
 
@@ -78,7 +86,6 @@ def gather(distribution, blocks, ranks, plan, variables, dtype, consume):
     previous = []
     for bucket in plan.buckets(BUCKET_ELEMENTS):
         with tf.control_dependencies(previous):
-            width = sum(plan.block(i) for i in bucket)
             gathered = []
             for j, device in enumerate(devices):
                 with tf.device(device):
@@ -88,8 +95,7 @@ def gather(distribution, blocks, ranks, plan, variables, dtype, consume):
                         gathered.append(engine.all_gather(mine, ranks[j] - cross_ops.first_rank,
                                                           label="tfdist/zero-gather"))
                     else:
-                        gathered.append(tf.pad(mine, [[ranks[j] * width,
-                                                       (plan.world - 1 - ranks[j]) * width]]))
+                        gathered.append(placed(mine, ranks[j], plan.world))
             if engine is None:
                 summed = distribution.extended.reduce_to(
                     tf.distribute.ReduceOp.SUM, _compat.PerReplica(gathered),

@@ -25,7 +25,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext.zero import shards, step
+from tfdist_ext.zero import blocks, shards, step
 from tfdist_ext.zero.partition import Partition
 
 
@@ -45,13 +45,8 @@ def _whole(optimizer, kind: str):
         context = tf.distribute.get_replica_context()
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         _, own = step.shard_state(optimizer, replica, plan, paths, dtype)
-        out = []
-        for i, slot in enumerate(shards.kinds(own)[kind]):
-            width = plan.block(i)
-            placed = tf.pad(tf.convert_to_tensor(slot),
-                            [[replica * width, (plan.world - 1 - replica) * width]])
-            out.append(strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, placed))
-        return out
+        return [strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, blocks.placed(
+            tf.convert_to_tensor(slot), replica, plan.world)) for slot in shards.kinds(own)[kind]]
 
     gathered = tf.function(lambda: strategy.run(per_replica))()
     return {path: strategy.experimental_local_results(flat)[0].numpy()[:size].reshape(

@@ -62,8 +62,12 @@ class Partition:
         """
         if not 0 <= rank < self.world:
             raise ValueError(f"rank={rank!r}: must be in [0, {self.world})")
-        return [(i, min(rank * self.block(i), size), min((rank + 1) * self.block(i), size))
-                for i, size in enumerate(self.sizes)]
+        return [(i, *self.piece(rank, i)) for i in range(len(self.sizes))]
+
+    def piece(self, rank: int, index: int) -> Tuple[int, int]:
+        """(start, stop) of replica `rank`'s block within weight `index` (`pieces`)."""
+        size, width = self.sizes[index], self.block(index)
+        return min(rank * width, size), min((rank + 1) * width, size)
 
     def owned(self, rank: int) -> int:
         """Elements of real weights (not padding) in replica `rank`'s shard."""
