@@ -1,7 +1,7 @@
 """Runs a benchmark script again as W workers under `python -m tfdist_ext.launch`.
 
-Also the pieces every such benchmark's worker mode shares: the forwarded
-arguments and a clock of batch starts.
+Also the pieces such benchmarks share: the forwarded arguments, a clock of
+batch starts and the commit measured.
 """
 
 import os
@@ -71,3 +71,11 @@ def step_clock(keras):
             self.times.append(time.perf_counter())
 
     return StepClock()
+
+
+def commit():
+    """The measured code's git commit: `git rev-parse HEAD`, or TFDIST_BENCH_COMMIT
+    where the tree is an export without .git (e.g. `git archive` for long runs)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=False).stdout.strip()
+    return head or os.environ.get("TFDIST_BENCH_COMMIT", "")

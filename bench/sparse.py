@@ -1,4 +1,4 @@
-"""Embedding gradients: TF's all-gather of rows against `sparse_as_dense=True`, per step.
+"""Embedding gradients: all-gathered on the UCX engine, by TF, or dense, per `fit` step.
 
     python bench/sparse.py --workers 2 --json docs/results/sparse_w2.json \
         --png docs/results/sparse_w2.png
@@ -6,13 +6,17 @@
 A text classifier (Embedding(VOCAB, DIM) over sequences of `--seq` token ids,
 global average pooling, Dense(64, relu), Dense(2)), Adam 1e-3, `--batch` samples
 per worker, random data: its `fit` step time on `--workers` workers under
-`tfdist-run` with the strategy's defaults (IndexedSlices all-gathered by TF's
-collectives), with `Strategy(sparse_as_dense=True)` (reduced dense on the UCX
-engine), and the same model with the embedding frozen (`trainable=False`: no
-embedding gradient at all, the floor for the other two); plain Keras in one
+`tfdist-run` with the strategy's defaults (IndexedSlices all-gathered on the UCX
+engine), with `engine="tf"` (TF's all-gather of rows), with
+`Strategy(sparse_as_dense=True)` (reduced dense on the UCX engine); the same
+function with a dense layer of the same size in the embedding's place
+(CategoryEncoding counts / seq -> Dense(DIM, no bias): a dense VOCAB x DIM
+gradient, the comparison issue 48 sets); the model with the embedding frozen
+(`trainable=False`: no embedding gradient at all, the floor); plain Keras in one
 process beside them. Each of `--rounds` rounds launches every configuration once
 (the machine drifts); per launch, the chief's median over `--steps` steps after
-`--warmup`. Reported: min and median over rounds, and ratios to the frozen row.
+`--warmup`. Reported: min and median over rounds, and ratios to the dense layer
+and to the frozen row.
 """
 
 import argparse
@@ -27,9 +31,10 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
+from bench._relaunch import commit, forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
-CONFIGS = ("all_gather", "sparse_as_dense", "frozen_embedding", "keras_one_process")
+CONFIGS = ("ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
+           "frozen_embedding", "keras_one_process")
 
 
 def parse_args(argv=None):
@@ -57,7 +62,8 @@ def work(args):
     import tfdist_ext  # pylint: disable=import-outside-toplevel
     alone = args.worker == "keras_one_process"
     strategy = None if alone else tfdist_ext.Strategy(
-        sparse_as_dense=args.worker == "sparse_as_dense")
+        sparse_as_dense=args.worker == "sparse_as_dense",
+        engine="tf" if args.worker == "tf_all_gather" else None)
     workers = 1 if alone else strategy.num_workers
     rng = np.random.default_rng(0)
     n = args.batch * workers * (args.warmup + args.steps)
@@ -65,12 +71,17 @@ def work(args):
     y = rng.integers(0, 2, size=n).astype("int32")
     keras.utils.set_random_seed(1)
     with strategy.scope() if strategy else contextlib.nullcontext():
-        model = keras.Sequential([
-            keras.Input((args.seq,), dtype="int32"),
-            keras.layers.Embedding(args.vocab, args.dim,
-                                   trainable=args.worker != "frozen_embedding"),
-            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(2)])
+        if args.worker == "dense_layer":  # the same function, a dense gradient
+            pooled = [keras.layers.CategoryEncoding(args.vocab, output_mode="count"),
+                      keras.layers.Rescaling(1 / args.seq),
+                      keras.layers.Dense(args.dim, use_bias=False)]
+        else:
+            pooled = [keras.layers.Embedding(args.vocab, args.dim,
+                                             trainable=args.worker != "frozen_embedding"),
+                      keras.layers.GlobalAveragePooling1D()]
+        model = keras.Sequential([keras.Input((args.seq,), dtype="int32"), *pooled,
+                                  keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(2)])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     clock = step_clock(keras)
@@ -100,13 +111,17 @@ def main(argv=None):
                 runs[config].append(json.loads(out.read_text())["median_s"])
                 print(f"round {r}: {config}: {1e3 * runs[config][-1]:.1f} ms", flush=True)
     floor = statistics.median(runs["frozen_embedding"])
+    dense = statistics.median(runs["dense_layer"])
     rows = [{"config": c, "min_ms": 1e3 * min(v), "median_ms": 1e3 * statistics.median(v),
+             "x_dense_layer": statistics.median(v) / dense,
              "x_frozen_embedding": statistics.median(v) / floor} for c, v in runs.items()]
     for row in rows:
         print(f"{row['config']:>18}: median {row['median_ms']:.1f} ms (min {row['min_ms']:.1f})"
-              f", {row['x_frozen_embedding']:.2f}x the frozen embedding", flush=True)
+              f", {row['x_dense_layer']:.2f}x the dense layer, "
+              f"{row['x_frozen_embedding']:.2f}x the frozen embedding", flush=True)
     result = {"workers": args.workers, "cores": os.cpu_count(), "rounds": args.rounds,
-              "model": {k: getattr(args, k) for k in keys}, "rows": rows, "runs_s": runs}
+              "commit": commit(), "model": {k: getattr(args, k) for k in keys},
+              "rows": rows, "runs_s": runs}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     if args.png:

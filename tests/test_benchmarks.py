@@ -212,11 +212,13 @@ def test_sparse_benchmark_tiny(tmp_path):
     stdout = _run("sparse.py", "--workers", "2", "--vocab", "300", "--seq", "8", "--steps", "3",
                   "--warmup", "2", "--rounds", "1", "--json", str(out),
                   "--png", str(tmp_path / "sparse.png"))
-    assert "x the frozen embedding" in stdout
-    rows = {row["config"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"all_gather", "sparse_as_dense", "frozen_embedding",
-                         "keras_one_process"}
+    assert "x the frozen embedding" in stdout and "x the dense layer" in stdout
+    result = json.loads(out.read_text())
+    rows = {row["config"]: row for row in result["rows"]}
+    assert set(rows) == {"ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
+                         "frozen_embedding", "keras_one_process"}
     assert rows["frozen_embedding"]["x_frozen_embedding"] == 1.0
+    assert rows["dense_layer"]["x_dense_layer"] == 1.0 and len(result["commit"]) == 40
     assert all(row["median_ms"] > 0 for row in rows.values())
     assert (tmp_path / "sparse.png").stat().st_size > 0
 

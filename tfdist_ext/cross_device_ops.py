@@ -14,12 +14,12 @@ Routing (`_all_reduce`):
       `select_algorithm(num_bytes)` picks: "native" buffers to TF's
       CollectiveReduceV2 ring, any other name to the graph engine
       (`collectives.engine`), which runs that algorithm's schedule.
-    * IndexedSlices (embedding gradients), tensors without a static shape and
-      dtypes the engine does not support (see `engine.SUPPORTED_DTYPES`) go to
-      TF's native path, which all-gathers IndexedSlices (the one-process answer)
-      and reports unsupported dtypes itself. With `densify_sparse`
-      (`Strategy(sparse_as_dense=True)`, elastic training) IndexedSlices of a
-      static dense shape are reduced dense (`fusion.densified`).
+    * IndexedSlices (embedding gradients) are all-gathered, rows in replica
+      order (the one-process answer): on the UCX engine (`collectives.sparse`),
+      else by TF's native path. With `densify_sparse` (`sparse_as_dense=True`,
+      elastic training) those of a static dense shape are reduced dense
+      (`fusion.densified`). Tensors without a static shape and dtypes the
+      engine does not support go to TF's native path.
     * Zero-size tensors pass through without communication.
     * MEAN divides the sum by the global replica count at the end exactly as
       TF's native path does (``value / group_size``): integer tensors become
@@ -52,39 +52,14 @@ import copy
 
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, delegation
 from tfdist_ext.bucketing import gradients as gradient_buckets
-from tfdist_ext.collectives import choice, engines, fusion, ucx_engine, wire_bytes
+from tfdist_ext.collectives import choice, engines, fusion, sparse, ucx_engine, wire_bytes
 from tfdist_ext.collectives import engine as engine_lib
 from tfdist_ext.compression import NoCompression, reduction_hooks
 from tfdist_ext.state import StrategyState
 
 NATIVE = "native"
-
-
-def _forwarded(part, name, settable=True):
-    """A property that reads (and, if `settable`, writes) ``self.<part>.<name>``.
-
-    For a method of the part it gives the bound method: ``ops.new_engine(...)``
-    calls ``ops.engines.new(...)`` with the same arguments.
-    """
-    def read(self):
-        return getattr(getattr(self, part), name)
-
-    def write(self, value):
-        setattr(getattr(self, part), name, value)
-
-    return property(read, write if settable else None, doc=f"``self.{part}.{name}``.")
-
-
-@contextlib.contextmanager
-def _setting(obj, name, value, after):
-    """Sets ``obj.<name>`` to `value` for the context, then to `after`."""
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, after)
 
 
 class CrossDeviceOps(_compat.CollectiveAllReduce):
@@ -192,19 +167,19 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     # What the strategy, sync policies, hooks and tests use here lives in the parts:
     # `collectives.choice.AlgorithmChoice`, `bucketing.gradients.GradientBuckets`
     # and `collectives.engines.Engines`.
-    calibration = _forwarded("choice", "calibration")
-    refiner = _forwarded("choice", "refiner")
-    rank_hosts = _forwarded("choice", "rank_hosts", settable=False)
-    auto_candidates = _forwarded("choice", "candidates", settable=False)
-    algorithm_spec = _forwarded("choice", "spec", settable=False)
-    link_constants = _forwarded("choice", "link_constants", settable=False)
-    backward_times = _forwarded("buckets", "backward_times")
-    plan_override = _forwarded("buckets", "plan_override")
-    plan_inputs = _forwarded("buckets", "plan_inputs")
-    bucket_plan = _forwarded("buckets", "bucket_plan")
-    needs_backward_profile = _forwarded("buckets", "needs_backward_profile", settable=False)
-    collective_engine = _forwarded("engines", "main", settable=False)
-    new_engine = _forwarded("engines", "new", settable=False)
+    calibration = delegation.forwarded("choice", "calibration")
+    refiner = delegation.forwarded("choice", "refiner")
+    rank_hosts = delegation.forwarded("choice", "rank_hosts", settable=False)
+    auto_candidates = delegation.forwarded("choice", "candidates", settable=False)
+    algorithm_spec = delegation.forwarded("choice", "spec", settable=False)
+    link_constants = delegation.forwarded("choice", "link_constants", settable=False)
+    backward_times = delegation.forwarded("buckets", "backward_times")
+    plan_override = delegation.forwarded("buckets", "plan_override")
+    plan_inputs = delegation.forwarded("buckets", "plan_inputs")
+    bucket_plan = delegation.forwarded("buckets", "bucket_plan")
+    needs_backward_profile = delegation.forwarded("buckets", "needs_backward_profile", settable=False)
+    collective_engine = delegation.forwarded("engines", "main", settable=False)
+    new_engine = delegation.forwarded("engines", "new", settable=False)
 
     def select_algorithm(self, num_bytes: int, itemsize: int = 4, refine: bool = True) -> str:
         """The one place an algorithm is chosen per fused buffer (`AlgorithmChoice.select`)."""
@@ -220,7 +195,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         Sync policies average parameters through `batch_reduce_to` in this
         context.
         """
-        return _setting(self, "_dense_only", True, False)
+        return delegation.setting(self, "_dense_only", True, False)
 
     def pseudo_gradient_reductions(self):
         """Reductions traced in this context are compressed and counted like gradients.
@@ -230,7 +205,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         their own ("delta_b0_..."), so residuals and compressor state never
         mix with the gradient buckets'.
         """
-        return _setting(self, "_key_prefix", "delta_", "")
+        return delegation.setting(self, "_key_prefix", "delta_", "")
 
     def reduce_buffers(self, buffers):
         """Sums flat buffers over all replicas, densely, with the configured algorithms.
@@ -287,6 +262,11 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         results = [None] * len(flat)
         for i in empty:
             results[i] = self._finish(reduce_op, flat[i], replica_id)
+        gathered = [i for i in native if sparse.on_engine(flat[i], self.config.engine)]
+        native = [i for i in native if i not in gathered]
+        for i in gathered:
+            results[i] = sparse.all_gather(self.collective_engine(), flat[i], replica_id,
+                                           self._group_size, reduce_op == _compat.ReduceOp.MEAN)
         if native:
             reduced = super()._all_reduce(reduce_op, [flat[i] for i in native], replica_id,
                                           options)

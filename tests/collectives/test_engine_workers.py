@@ -29,6 +29,9 @@ def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
     code, out, _ = launch(num_workers, [CHECKS, tmp_path, "--engine", engine], timeout=240)
     assert code == 0, out[-3000:]
     results = read_worker_json(tmp_path, num_workers)
+    for r in results:  # IndexedSlices: gathered on the engine, TF's all-gather with "tf"
+        assert r["sparse"] == {"problems": [], "on_engine": engine == "ucx",
+                               "tf_gather": engine == "tf"}, r["sparse"]
     for name in collectives.ALGORITHMS.names() + ["hierarchical"]:
         per_worker = [r["reduce"][name] for r in results]
         for result in per_worker:

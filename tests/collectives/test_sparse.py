@@ -1,6 +1,6 @@
-"""Embedding gradients (IndexedSlices): by default TF's all-gather of every replica's
-rows (one process's answer for every optimizer); with `sparse_as_dense=True` reduced
-dense, fused with the other gradients on the strategy's engine.
+"""Embedding gradients (IndexedSlices): by default an all-gather of every replica's
+rows on the strategy's engine (one process's answer for every optimizer); with
+`sparse_as_dense=True` reduced dense, fused with the other gradients.
 
 Logical CPU replicas in this process (3: odd, not a power of two).
 """
@@ -78,14 +78,83 @@ def test_sparse_as_dense_reduces_on_the_engine_and_gives_the_touched_rows(engine
 
 
 @pytest.mark.parametrize("engine", ["ucx", "tf"])
-def test_by_default_they_travel_as_tfs_all_gather(engine):
+def test_by_default_they_are_all_gathered_on_the_strategys_engine(engine):
     if engine == "ucx" and ucx_ops.problem() is not None:
         pytest.skip("UCX engine not built")
     results, ops, _ = _reduce(engine=engine)
+    ids = np.concatenate([_slices(r)[0] for r in range(3)])
+    values = np.concatenate([_slices(r)[1] for r in range(3)])
     for embedding, _other in results:
-        np.testing.assert_allclose(tf.convert_to_tensor(embedding).numpy(), _expected()[0],
-                                   rtol=1e-5, atol=1e-6)
-    assert "CollectiveGatherV2" in ops
+        assert isinstance(embedding, tf.IndexedSlices)
+        np.testing.assert_array_equal(embedding.indices.numpy(), ids)  # replica order
+        np.testing.assert_array_equal(embedding.values.numpy(), values)
+    if engine == "ucx":
+        assert "TfdistUcxAllGatherV" in ops and not [op for op in ops if "Collective" in op], ops
+    else:
+        assert "CollectiveGatherV2" in ops
+
+
+def _gather_uneven(engine, dtype, index_dtype, reduce_op):
+    """Replica r has ROWS[r] rows (one has none), unknown when traced; returns
+    each replica's result as (indices, values) arrays."""
+    rows = (4, 0, 9)
+    strategy = tfdist_ext.Strategy(num_replicas=3, engine=engine)
+
+    def replica_fn():
+        ctx = tf.distribute.get_replica_context()
+
+        def part(r):
+            ids = tf.range(rows[r], dtype=index_dtype) * 3 + r
+            values = tf.reshape(tf.range(rows[r] * 2 * DIM, dtype=tf.float32), [-1, 2, DIM])
+            return ids, tf.cast(values / 8 + r, dtype)
+
+        ids, values = tf.switch_case(ctx.replica_id_in_sync_group,
+                                     [lambda r=r: part(r) for r in range(3)])
+        slices = tf.IndexedSlices(values, ids, tf.constant([40, 2, DIM], tf.int64))
+        return ctx.all_reduce(reduce_op, slices)
+
+    results = tf.function(lambda: strategy.run(replica_fn))()
+    return [(r.indices.numpy(), r.values.numpy(), r.values.shape.as_list())
+            for r in strategy.experimental_local_results(results)]
+
+
+@NO_UCX
+@pytest.mark.parametrize("dtype,index_dtype,reduce_op", [
+    (tf.float32, tf.int64, "SUM"), (tf.float16, tf.int32, "MEAN"),
+    (tf.bfloat16, tf.int64, "SUM"), (tf.float64, tf.int32, "MEAN")])
+def test_uneven_and_empty_replicas_give_tfs_answer(dtype, index_dtype, reduce_op):
+    op = getattr(tf.distribute.ReduceOp, reduce_op)
+    ours = _gather_uneven("ucx", dtype, index_dtype, op)
+    # TF's own all-gather has no bfloat16: numpy's answer there.
+    expected_ids = np.concatenate([np.arange(n) * 3 + r for r, n in enumerate((4, 0, 9))])
+    expected = np.concatenate([
+        tf.cast(np.arange(n * 2 * DIM, dtype=np.float32).reshape(-1, 2, DIM) / 8 + r,
+                dtype).numpy() for r, n in enumerate((4, 0, 9))])
+    if reduce_op == "MEAN":
+        expected = (tf.constant(expected) / tf.cast(3, dtype)).numpy()
+    tfs = (_gather_uneven("tf", dtype, index_dtype, op) if dtype != tf.bfloat16
+           else [(expected_ids, expected, None)] * 3)
+    for (ids, values, shape), (tf_ids, tf_values, _) in zip(ours, tfs):
+        assert shape == [13, 2, DIM] and ids.dtype == index_dtype.as_numpy_dtype
+        np.testing.assert_array_equal(ids, tf_ids)
+        np.testing.assert_array_equal(values, tf_values)
+        np.testing.assert_array_equal(ids, expected_ids)
+        # A traced MEAN may multiply by 1/3 where eager code divides: one rounding apart.
+        np.testing.assert_allclose(values.astype(np.float64), expected.astype(np.float64),
+                                   rtol=2e-3 if dtype.size == 2 else 1e-12)
+
+
+@NO_UCX
+def test_an_all_gather_with_wrong_counts_fails_naming_them():
+    from tfdist_ext.collectives import ucx_engine  # pylint: disable=import-outside-toplevel
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:3]
+    engine = ucx_engine.engine_for("test-counts", devices, 3, 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`counts\[0\]` is 5 but this "
+                                                            r"rank's input has 2 elements"):
+        engine.all_gather_v(tf.zeros([2]), 0, counts=tf.constant([5, 1, 1], tf.int64))
+    with pytest.raises(ValueError, match=r"Argument `flat` must be a 1-D tensor; received "
+                                         r"shape \(2, 2\)"):
+        engine.all_gather_v(tf.zeros([2, 2]), 0)
 
 
 def test_densified_converts_static_shapes_and_restores_the_touched_rows():

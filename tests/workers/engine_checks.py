@@ -6,7 +6,8 @@ For every algorithm (and "hierarchical" with the workers split into two hosts),
 one `tfdist_ext.Strategy(allreduce=name, engine=...)` reduces every dtype x
 size (tests/collectives/engine_cases.py) across the worker processes; inputs
 are seeded by rank, so each worker checks the result against numpy itself, and
-records how many UCX ops sum through shared memory. With --fit (worker 1
+records how many UCX ops sum through shared memory; IndexedSlices of uneven
+row counts are summed too (all-gathered on the strategy's engine). With --fit (worker 1
 refusing shared memory: TFDIST_UCX_SHARED_MEMORY=0), Keras `fit` runs once per
 algorithm, once with "auto" and once with "native", and the final weights are
 recorded; and
@@ -93,6 +94,37 @@ def fit(name, engine):
             "refinements": strategy.allreduce_refinements, "on_host": on_host}
 
 
+def check_sparse(index, num_workers, engine):
+    """Embedding-style IndexedSlices of uneven row counts (worker 1 has none), unknown
+    when traced, summed across the workers: every worker's rows in worker order."""
+    strategy = tfdist_ext.Strategy(engine=engine)
+    rows = [0 if w == 1 else 3 * w + 2 for w in range(num_workers)]
+
+    def part(w, dtype):
+        ids = np.arange(rows[w], dtype=np.int64) * num_workers + w
+        return ids, (np.arange(rows[w] * 6, dtype=np.float32).reshape(-1, 2, 3) / 4 + 100 * w
+                     ).astype(dtype.as_numpy_dtype)
+
+    def replica_fn(ids, values):
+        slices = tf.IndexedSlices(values, ids, tf.constant([50, 2, 3], tf.int64))
+        return tf.distribute.get_replica_context().all_reduce("sum", slices)
+
+    problems, ops = [], set()
+    for dtype in (tf.float32, tf.float16):
+        step = tf.function(lambda i, v: strategy.run(replica_fn, args=(i, v)),
+                           input_signature=[tf.TensorSpec([None], tf.int64),
+                                            tf.TensorSpec([None, 2, 3], dtype)])
+        ids, values = part(index, dtype)
+        result = strategy.experimental_local_results(step(ids, values))[0]
+        ops |= {op.type for op in step.get_concrete_function().graph.get_operations()}
+        expected = [np.concatenate(p) for p in zip(*(part(w, dtype) for w in range(num_workers)))]
+        if not (np.array_equal(result.indices.numpy(), expected[0])
+                and np.array_equal(result.values.numpy(), expected[1])):
+            problems.append(dtype.name)
+    return {"problems": problems, "on_engine": "TfdistUcxAllGatherV" in ops,
+            "tf_gather": "CollectiveGatherV2" in ops}
+
+
 def main(out_dir, *flags):
     engine = flags[flags.index("--engine") + 1] if "--engine" in flags else "tf"
     num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
@@ -106,6 +138,7 @@ def main(out_dir, *flags):
         hosts = tuple(2 * i // num_workers for i in range(num_workers))
         results["reduce"]["hierarchical"] = check_reductions(
             {"name": "hierarchical", "hosts": hosts}, num_workers, index, engine)
+        results["sparse"] = check_sparse(index, num_workers, engine)
         if engine == "ucx":
             results["disagree"] = check_disagreement(index)
     else:

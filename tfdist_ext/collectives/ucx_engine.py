@@ -65,14 +65,13 @@ Tuning:
 """
 
 import base64
-import logging
 import os
 import threading
 
 import tensorflow as tf
 
 from tfdist_ext import _compat, coordination
-from tfdist_ext.collectives import gather
+from tfdist_ext.collectives import gather, ucx_host
 from tfdist_ext.collectives.schedule import Schedule, Send, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -82,10 +81,6 @@ HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) sc
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
-log = logging.getLogger("tfdist_ext")
-# Reasons not to use shared memory that are choices or layouts, not failures.
-_NOT_TRIED = (b"TFDIST_UCX_SHARED_MEMORY=0", b"its worker has several replicas",
-              b"another machine")
 
 
 def encode(schedule: Schedule) -> list:
@@ -189,7 +184,8 @@ class UcxEngine:
                 self._ops.tfdist_ucx_join_local(tf.constant(self._handles, tf.int64),
                                                 timeout_seconds=float(timeout_seconds or 0.0))
             self.on_host = (world_size > 1 and not self.in_process
-                            and self._join_host(shared_memory))
+                            and ucx_host.join(self._ops, self._handles, self._exchange, shared_memory,
+                                           len(self.devices), self.first_rank))
 
     def shared_result_bytes(self):
         """Bytes of this machine's shared-memory results that some rank still holds.
@@ -199,35 +195,6 @@ class UcxEngine:
         """
         with tf.device("/cpu:0"):
             return int(self._ops.tfdist_ucx_shared_result_bytes(self._handles[0]))
-
-    def _join_host(self, wanted):
-        """Whether every rank mapped every peer's shared memory (then it is used)."""
-        problem = b""
-        if not wanted:
-            problem = _NOT_TRIED[0] + b" on its worker"
-        elif len(self.devices) > 1:
-            problem = _NOT_TRIED[1]
-        identities, problems = [b""] * len(self._handles), [problem] * len(self._handles)
-        if not problem:
-            for i, handle in enumerate(self._handles):
-                identities[i], problems[i] = (
-                    t.numpy() for t in self._ops.tfdist_ucx_host_identity(handle))
-        identities = self._exchange(identities, "host")
-        for i, handle in enumerate(self._handles):
-            if not problems[i]:
-                problems[i] = self._ops.tfdist_ucx_join_host(
-                    handle, tf.constant(identities)).numpy()
-        problems = self._exchange(problems, "host-joined")
-        usable = not any(problems)
-        for handle in self._handles:
-            self._ops.tfdist_ucx_use_host(handle, usable)
-        first = next((rank for rank, p in enumerate(problems) if p), None)
-        if first is not None and self.first_rank == 0:
-            chosen = any(reason in problems[first] for reason in _NOT_TRIED)
-            (log.info if chosen else log.warning)(
-                "tfdist_ext: the UCX engine's all-reduces run their schedules, not through "
-                "shared memory: rank %d: %s", first, problems[first].decode())
-        return usable
 
     def _exchange(self, mine, topic="address"):
         """Every rank's bytes for `topic`, in rank order (KV store across workers)."""
@@ -262,10 +229,11 @@ class UcxEngine:
             self._plans[key] = encode(sched)
         return self._plans[key]
 
-    def _check(self, flat):
+    def _check(self, flat, static=True):
         n = flat.shape.num_elements()
-        if n is None or flat.shape.rank != 1:
-            raise ValueError(f"Argument `flat` must be a 1-D tensor of static length; "
+        if flat.shape.rank != 1 or (static and n is None):
+            length = " of static length" if static else ""
+            raise ValueError(f"Argument `flat` must be a 1-D tensor{length}; "
                              f"received shape {flat.shape}.")
         if flat.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -321,6 +289,25 @@ class UcxEngine:
             return padded
         return self._run(padded, local_index,
                          self._plan("all_gather", None, rank, n), label)
+
+    def all_gather_v(self, flat, local_index, label="tfdist/allgatherv", counts=None):
+        """Concatenates every rank's 1-D `flat` in rank order; the lengths may differ
+        and be unknown when traced.
+
+        Args:
+            counts: Every rank's length (int64, the same on every rank), when
+                known; else one small all-gather of the lengths runs first.
+        """
+        self._check(flat, static=False)
+        if self.world_size == 1:
+            return flat
+        if counts is None:
+            counts = self.all_gather(tf.size(flat, out_type=tf.int64)[None], local_index,
+                                     label + "/counts")
+        with tf.device(self.devices[local_index]):
+            return self._ops.tfdist_ucx_all_gather_v(
+                flat, counts, self._tokens[local_index].handle,
+                handle=self._handles[local_index], label=label)
 
     def reduce_scatter(self, flat, local_index, label="tfdist/reducescatter"):
         """This rank's block of the sum of every rank's 1-D `flat` (world_size equal blocks).
