@@ -3,6 +3,7 @@
     python bench/engines.py --workers 2 --sizes 1KB,64KB,1MB,16MB,64MB --json out.json --png out.png
     python bench/engines.py --workers 2 --transport tcp ...   # UCX forced to TCP
     python bench/engines.py --replicas 4 --sizes 16MB         # logical CPUs, one process
+    python bench/engines.py --workers 2 --hosts 2x1 --link-bandwidth 10gbit ...  # root
 
 One job, the same worker processes, float32, every row timed the same way: a
 call chains `--steps` all-reduces and starts right after a barrier; min and
@@ -16,6 +17,12 @@ median over `--repeat` calls. Rows:
       MultiWorkerMirroredStrategy does), and ``tf:<algorithm>``: the graph engine;
     * ``gloo``: `torch.distributed.all_reduce` with the Gloo backend, when
       torch is installed (the `bench` extra), in the same processes.
+With ``--hosts HxW`` the workers run on H emulated hosts (network namespaces
+joined by veth pairs, `tfdist-run -H`), shaped to ``--link-bandwidth`` if
+given: every engine then crosses the same links (UCX, TF's gRPC and Gloo all
+use TCP between hosts), and one TCP stream from worker 0 to a worker of the
+next host is timed in the job: the link bound of a row is
+2(p-1)/p x bytes / that stream's rate (``x_link`` = bound / time).
 The machine's limits are measured in the same run: memcpy (numpy copy of the
 largest size, best of 11, before and after the rows; the faster is the
 limit, as the machine's speed drifts), memcpy by every worker at once (the
@@ -57,6 +64,10 @@ def parse_args(argv=None):
                         help="TF-engine algorithms: 'native' and/or graph-engine names")
     parser.add_argument("--transport", choices=("any", "tcp"), default="any",
                         help="'tcp' sets UCX_TLS=tcp: the cross-host path on one machine")
+    parser.add_argument("--hosts", default=None, metavar="HxW",
+                        help="emulated hosts (tfdist-run -H HxW; needs root)")
+    parser.add_argument("--link-bandwidth", default=None, metavar="RATE",
+                        help="with --hosts: shape the links between hosts (10gbit, 1gbit)")
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--steps", type=int, default=0,
                         help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
@@ -70,8 +81,12 @@ def relaunch(args, argv):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.transport == "tcp":
         env["UCX_TLS"] = "tcp"
-    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers),
-               sys.executable, __file__, *argv]
+    command = [sys.executable, "-m", "tfdist_ext.launch", "-np", str(args.workers)]
+    if args.hosts:
+        command += ["-H", args.hosts]
+    if args.link_bandwidth:
+        command += ["--link-bandwidth", args.link_bandwidth]
+    command += [sys.executable, __file__, *argv]
     return subprocess.run(command, env=env, check=False).returncode
 
 
@@ -108,19 +123,47 @@ def loopback_tcp_gbps(nbytes=256 << 20):
     return nbytes / seconds / 1e9
 
 
+def link_stream_gbps(spec, rank, per_host, barrier, nbytes=128 << 20):
+    """One TCP stream from worker 0 to worker `per_host` (the next host), timed by
+    worker 0; None on the other workers."""
+    receiver = spec.jobs["worker"][per_host].rsplit(":", 1)
+    address = (receiver[0], int(receiver[1]) + 2)
+    server = socket.create_server(address) if rank == per_host else None
+    barrier()
+    seconds = None
+    if server is not None:
+        conn, _ = server.accept()
+        view, left = bytearray(4 << 20), nbytes
+        while left:
+            left -= conn.recv_into(view, min(len(view), left))
+        conn.sendall(b"x")
+        conn.close()
+        server.close()
+    elif rank == 0:
+        data = b"\0" * (4 << 20)
+        with socket.create_connection(address) as conn:
+            start = time.perf_counter()
+            for _ in range(nbytes // len(data)):
+                conn.sendall(data)
+            conn.recv(1)
+            seconds = time.perf_counter() - start
+    barrier()
+    return nbytes / seconds / 1e9 if seconds else None
+
+
 def _timed(fn):
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def gloo_times(sizes, steps_for, repeats, rank, world, port):
+def gloo_times(sizes, steps_for, repeats, rank, world, address):
     """Seconds per all-reduce for each size with torch.distributed's Gloo backend."""
     import torch  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank,
                             world_size=world)
     out = {}
     for size in sizes:
@@ -202,15 +245,19 @@ def run(args):
             if rank == 0:
                 print("torch is not installed: no Gloo rows (pip install torch)", flush=True)
     if has_torch:
-        port = int(spec.jobs["worker"][0].rsplit(":", 1)[1]) + 1
-        for size, times in gloo_times(sizes, steps_for, args.repeat, rank, world, port).items():
+        host, port = spec.jobs["worker"][0].rsplit(":", 1)
+        for size, times in gloo_times(sizes, steps_for, args.repeat, rank, world,
+                                      f"{host}:{int(port) + 1}").items():
             rows[("gloo", size)] = times
+    per_host = int(args.hosts.split("x")[1]) if args.hosts else None
+    link = link_stream_gbps(spec, rank, per_host, barrier) if per_host else None
     if rank != 0:
         return 0
     memcpy_end = memcpy_gbps(max(sizes))
     limits = {"memcpy_GBps": max(memcpy_start, memcpy_end), "memcpy_GBps_start": memcpy_start,
               "memcpy_GBps_end": memcpy_end, "memcpy_concurrent_GBps": concurrent,
-              "loopback_tcp_GBps": loopback_tcp_gbps()}
+              "loopback_tcp_GBps": loopback_tcp_gbps(), "hosts": args.hosts,
+              "link_bandwidth": args.link_bandwidth, "link_stream_GBps": link}
     records = []
     for (name, size), times in rows.items():
         t_min, t_med = min(times), float(np.median(times))
@@ -224,7 +271,9 @@ def run(args):
                         "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
                         "algbw_over_memcpy": algbw / limits["memcpy_GBps"],
                         "algbw_over_concurrent_memcpy": (algbw / concurrent if concurrent
-                                                         else None), **limits})
+                                                         else None),
+                        "x_link": (size * 2 * (world - 1) / world / (link * 1e9) / t_med
+                                   if link else None), **limits})
     summarize(records, args, limits)
     return 0
 
@@ -242,16 +291,19 @@ def summarize(records, args, limits):
           f"{limits['memcpy_GBps_start']:.2f}, end {limits['memcpy_GBps_end']:.2f}"
           + (f"; every worker at once: {concurrent:.2f} each" if concurrent else "")
           + "), loopback TCP "
-          f"{limits['loopback_tcp_GBps']:.2f} GB/s; UCX transport: {args.transport}")
+          f"{limits['loopback_tcp_GBps']:.2f} GB/s; UCX transport: {args.transport}"
+          + (f"; hosts {args.hosts}, link {args.link_bandwidth or 'unshaped'}, one stream "
+             f"{limits['link_stream_GBps']:.3f} GB/s" if args.hosts else ""))
     print(f"{'bytes':>10} {'row':<16} {'min ms':>9} {'med ms':>9} {'algbw':>7} {'busbw':>7} "
-          f"{'/memcpy':>7} {'/at once':>8} {'x gloo':>7} {'x tf':>7}")
+          f"{'/memcpy':>7} {'/at once':>8} {'x gloo':>7} {'x tf':>7} {'x link':>7}")
     for r in sorted(records, key=lambda r: (r["bytes"], r["row"])):
         print(f"{r['bytes']:>10} {r['row']:<16} {r['time_ms_min']:9.3f} "
               f"{r['time_ms_median']:9.3f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} "
               f"{r['algbw_over_memcpy']:7.2f} "
               f"{r['algbw_over_concurrent_memcpy'] or float('nan'):8.2f} "
               f"{r.get('speedup_vs_gloo', float('nan')):7.2f} "
-              f"{r.get('speedup_vs_tf_native', float('nan')):7.2f}")
+              f"{r.get('speedup_vs_tf_native', float('nan')):7.2f} "
+              f"{r['x_link'] or float('nan'):7.2f}")
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
@@ -271,11 +323,15 @@ def plot(records, path, limits):
                 label=row, linewidth=3 if row.startswith("ucx") else 1.2)
     ax.axhline(limits["loopback_tcp_GBps"], color="gray", linestyle="--",
                label="loopback TCP stream")
+    if limits.get("link_stream_GBps"):
+        ax.axhline(limits["link_stream_GBps"], color="red", linestyle="--",
+                   label="one TCP stream between hosts")
     ax.axhline(limits["memcpy_GBps"], color="black", linestyle=":", label="memcpy")
     first = records[0]
     ax.set(xscale="log", yscale="log", xlabel="bytes (float32)", ylabel="algbw GB/s (median)",
-           title=f"All-reduce on {first['world']} {first['placement']}, UCX transport: "
-                 f"{first['transport']}")
+           title=f"All-reduce on {first['world']} {first['placement']}"
+                 + (f", hosts {first['hosts']}, link {first['link_bandwidth'] or 'unshaped'}"
+                    if first.get("hosts") else f", UCX transport: {first['transport']}"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -4,7 +4,8 @@
         --png docs/results/sparse_w2.png
 
 A text classifier (Embedding(VOCAB, DIM) over sequences of `--seq` token ids,
-global average pooling, Dense(64, relu), Dense(2)), Adam 1e-3, `--batch` samples
+global average pooling, Dense(64, relu), Dense(2)), Adam 1e-3 (or `--optimizer
+sgd`: SGD 1e-2), `--batch` samples
 per worker, random data: its `fit` step time on `--workers` workers under
 `tfdist-run` with the strategy's defaults (IndexedSlices all-gathered on the UCX
 engine), with `engine="tf"` (TF's all-gather of rows), with
@@ -13,7 +14,8 @@ function with a dense layer of the same size in the embedding's place
 (CategoryEncoding counts / seq -> Dense(DIM, no bias): a dense VOCAB x DIM
 gradient, the comparison issue 48 sets); the model with the embedding frozen
 (`trainable=False`: no embedding gradient at all, the floor); plain Keras in one
-process beside them. Each of `--rounds` rounds launches every configuration once
+process beside them, the embedding model and the dense-layer one (what Keras'
+own handling of the sparse gradient costs without any communication). Each of `--rounds` rounds launches every configuration once
 (the machine drifts); per launch, the chief's median over `--steps` steps after
 `--warmup`. Reported: min and median over rounds, and ratios to the dense layer
 and to the frozen row.
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench._relaunch import commit, forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 CONFIGS = ("ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
-           "frozen_embedding", "keras_one_process")
+           "frozen_embedding", "keras_one_process", "dense_layer_one_process")
 
 
 def parse_args(argv=None):
@@ -44,6 +46,8 @@ def parse_args(argv=None):
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32, help="samples per worker")
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                        help="Adam 1e-3 or plain SGD 1e-2")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
@@ -60,7 +64,7 @@ def work(args):
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     import tfdist_ext  # pylint: disable=import-outside-toplevel
-    alone = args.worker == "keras_one_process"
+    alone = args.worker.endswith("one_process")
     strategy = None if alone else tfdist_ext.Strategy(
         sparse_as_dense=args.worker == "sparse_as_dense",
         engine="tf" if args.worker == "tf_all_gather" else None)
@@ -71,7 +75,7 @@ def work(args):
     y = rng.integers(0, 2, size=n).astype("int32")
     keras.utils.set_random_seed(1)
     with strategy.scope() if strategy else contextlib.nullcontext():
-        if args.worker == "dense_layer":  # the same function, a dense gradient
+        if args.worker.startswith("dense_layer"):  # the same function, a dense gradient
             pooled = [keras.layers.CategoryEncoding(args.vocab, output_mode="count"),
                       keras.layers.Rescaling(1 / args.seq),
                       keras.layers.Dense(args.dim, use_bias=False)]
@@ -82,7 +86,9 @@ def work(args):
         model = keras.Sequential([keras.Input((args.seq,), dtype="int32"), *pooled,
                                   keras.layers.Dense(64, activation="relu"),
                                   keras.layers.Dense(2)])
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+        optimizer = (keras.optimizers.Adam(1e-3) if args.optimizer == "adam"
+                     else keras.optimizers.SGD(1e-2))
+        model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     clock = step_clock(keras)
     model.fit(x, y, batch_size=args.batch * workers, epochs=1, shuffle=False, verbose=0,
@@ -97,14 +103,14 @@ def main(argv=None):
     if args.worker:
         work(args)
         return 0
-    keys = ["vocab", "dim", "seq", "batch", "steps", "warmup"]
+    keys = ["vocab", "dim", "seq", "batch", "steps", "warmup", "optimizer"]
     runs = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for config in CONFIGS:
                 out = pathlib.Path(tmp) / f"{config}-{r}.json"
                 worker = forward(args, keys) + ["--worker", config, "--out", out]
-                if config == "keras_one_process":
+                if config.endswith("one_process"):
                     work(parse_args(list(map(str, worker))))
                 else:
                     relaunch(__file__, args.workers, worker, timeout=600)
@@ -139,7 +145,7 @@ def plot(rows, args):
         ax.text(r["median_ms"], i, f" {r['median_ms']:.1f} ms", va="center", fontsize=8)
     ax.set(xlabel=f"fit step, ms (median of {args.rounds} rounds)",
            title=f"Embedding({args.vocab}, {args.dim}), seq {args.seq}, batch {args.batch} "
-                 f"x {args.workers} workers")
+                 f"x {args.workers} workers, {args.optimizer}")
     fig.tight_layout()
     fig.savefig(args.png, dpi=120)
 

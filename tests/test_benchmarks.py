@@ -216,7 +216,7 @@ def test_sparse_benchmark_tiny(tmp_path):
     result = json.loads(out.read_text())
     rows = {row["config"]: row for row in result["rows"]}
     assert set(rows) == {"ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
-                         "frozen_embedding", "keras_one_process"}
+                         "frozen_embedding", "keras_one_process", "dense_layer_one_process"}
     assert rows["frozen_embedding"]["x_frozen_embedding"] == 1.0
     assert rows["dense_layer"]["x_dense_layer"] == 1.0 and len(result["commit"]) == 40
     assert all(row["median_ms"] > 0 for row in rows.values())
