@@ -245,6 +245,9 @@ def run(args):
             if rank == 0:
                 print("torch is not installed: no Gloo rows (pip install torch)", flush=True)
     if has_torch:
+        if args.hosts:  # Gloo takes the hostname's address (127.0.0.1) unless told the device
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", next(
+                name for _, name in socket.if_nameindex() if name != "lo"))
         host, port = spec.jobs["worker"][0].rsplit(":", 1)
         for size, times in gloo_times(sizes, steps_for, args.repeat, rank, world,
                                       f"{host}:{int(port) + 1}").items():

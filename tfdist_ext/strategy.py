@@ -77,10 +77,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             TF_CONFIG, which it becomes; create the strategy before any TF op.
             Not needed under `srun` or in a Kubernetes Indexed Job: `import
             tfdist_ext` derives TF_CONFIG there (`tfdist_ext.cluster_env`).
-        sparse_as_dense: Reduce embedding gradients (IndexedSlices) dense, fused
-            with the others on the engine (Horovod's option), not as TF's
-            all-gather of every replica's rows: faster, the same for SGD; Adam
-            then squares each row's sum, not each lookup's (`fusion.densified`).
+        sparse_as_dense: Reduce embedding gradients dense, fused with the others
+            (Horovod's option), not as an all-gather of rows (`collectives.sparse`):
+            fewer bytes when a batch looks up over 2/p of the vocabulary; the same
+            for SGD; Adam squares each row's sum, not each lookup's (`fusion.densified`).
         zero_stage: 1 shards the optimizer's state (`tfdist_ext.zero`), 2 the
             summed gradients too (engine="ucx"); needs sync="sync", no
             compression or bucketing. Defaults to 0 (a full copy per replica).
