@@ -21,7 +21,7 @@ With ``--hosts HxW`` the workers run on H emulated hosts (network namespaces
 joined by veth pairs, `tfdist-run -H`), shaped to ``--link-bandwidth`` if
 given: every engine then crosses the same links (UCX, TF's gRPC and Gloo all
 use TCP between hosts), and one TCP stream from worker 0 to a worker of the
-next host is timed in the job: the link bound of a row is
+next host is timed in the job (median of 3): the link bound of a row is
 2(p-1)/p x bytes / that stream's rate (``x_link`` = bound / time).
 The machine's limits are measured in the same run: memcpy (numpy copy of the
 largest size, best of 11, before and after the rows; the faster is the
@@ -123,9 +123,14 @@ def loopback_tcp_gbps(nbytes=256 << 20):
     return nbytes / seconds / 1e9
 
 
-def link_stream_gbps(spec, rank, per_host, barrier, nbytes=128 << 20):
-    """One TCP stream from worker 0 to worker `per_host` (the next host), timed by
-    worker 0; None on the other workers."""
+def link_stream_gbps(spec, rank, per_host, barrier, nbytes=64 << 20, repeats=3):
+    """The median of `repeats` TCP streams of `nbytes` from worker 0 to worker
+    `per_host` (the next host), timed by worker 0; None on the other workers."""
+    rates = [_link_stream(spec, rank, per_host, barrier, nbytes) for _ in range(repeats)]
+    return float(np.median(rates)) if rank == 0 else None
+
+
+def _link_stream(spec, rank, per_host, barrier, nbytes):
     receiver = spec.jobs["worker"][per_host].rsplit(":", 1)
     address = (receiver[0], int(receiver[1]) + 2)
     server = socket.create_server(address) if rank == per_host else None

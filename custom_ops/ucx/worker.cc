@@ -25,9 +25,9 @@ ucp_context_h SharedContext(std::string* error) {
       return;
     }
     if (std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr)
-      ucp_config_modify(config, "TCP_TX_SEG_SIZE", "256k");
+      ucp_config_modify(config, "TCP_TX_SEG_SIZE", "128k");
     if (std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr)
-      ucp_config_modify(config, "TCP_RX_SEG_SIZE", "1M");
+      ucp_config_modify(config, "TCP_RX_SEG_SIZE", "512k");
     ucp_params_t params = {};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

@@ -59,9 +59,10 @@ Tuning:
       more in flight than this) is copied into each rank's own tensor, which
       costs each rank one more write of the whole buffer. Pages are used only
       when written; 0 turns it off.
-    * TCP segment sizes default to 256 KB / 1 MB unless UCX_TCP_TX_SEG_SIZE /
-      UCX_TCP_RX_SEG_SIZE are set; UCX_TLS and UCX_NET_DEVICES choose transports
-      and interfaces as usual.
+    * TCP segment sizes default to 128 KB / 512 KB unless UCX_TCP_TX_SEG_SIZE /
+      UCX_TCP_RX_SEG_SIZE are set (UCX's own 8 KB / 64 KB cost bandwidth; larger
+      ones can too, through a bridge or NIC); UCX_TLS and UCX_NET_DEVICES choose
+      transports and interfaces as usual.
 """
 
 import base64
