@@ -184,3 +184,21 @@ def test_max_restarts_must_not_be_negative(capsys):
     with pytest.raises(SystemExit):
         cli.main(["-np", "2", "--max-restarts", "-1", "true"])
     assert "--max-restarts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("user", [None, "50"])
+def test_more_workers_than_cores_stop_ucx_ranks_polling(user):
+    """A rank polling for UCX messages holds a core: with more processes than cores the
+    launcher sets TFDIST_UCX_SPIN_US=0, unless the user set it; with fewer it stays unset."""
+    cores = len(os.sched_getaffinity(0))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TFDIST_UCX_SPIN_US", None)
+    if user is not None:
+        env["TFDIST_UCX_SPIN_US"] = user
+    show = "import os; print('spin', os.environ.get('TFDIST_UCX_SPIN_US'))"
+    for workers, expected in ((cores + 1, user or "0"), (1, user)):
+        out = subprocess.run([sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers),
+                              "--output", "all", sys.executable, "-c", show],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+                             check=True).stdout
+        assert out.count(f"spin {expected}") == workers, out

@@ -185,3 +185,13 @@ def test_missing_library_names_the_fix(monkeypatch):
         tfdist_ext.Strategy(engine="ucx", num_replicas=2)
     with pytest.warns(UserWarning, match=r"Using TF's collectives \(engine='tf'\) instead"):
         assert tfdist_ext.Strategy(num_replicas=2).config.engine == "tf"
+
+
+def test_a_bad_spin_in_the_environment_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("TFDIST_UCX_SPIN_US", "fast")
+    with pytest.raises(ValueError, match=r"Environment variable TFDIST_UCX_SPIN_US must be a "
+                                         r"whole number of microseconds >= 0 .*received "
+                                         r"'fast'\. Unset it for the default, 200\."):
+        ucx_engine.engine_for("spin-check", ["/cpu:0"], 1, 0)
+    monkeypatch.setenv("TFDIST_UCX_SPIN_US", "0")
+    assert ucx_engine.spin_from_environment() == 0

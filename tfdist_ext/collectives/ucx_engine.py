@@ -42,7 +42,10 @@ Tuning:
       sooner, larger ones cost fewer messages. 256 KB-4 MB all do well.
     * `spin_us` (200): how long a waiting rank polls before it sleeps on the
       worker's event descriptor. Polling costs a core; sleeping adds wake-up
-      latency when a peer is late.
+      latency when a peer is late. `TFDIST_UCX_SPIN_US` (environment) sets it
+      for every engine of the process; `tfdist-run` sets 0 when it starts more
+      processes than the machine has cores (a polling rank would hold a core a
+      peer needs; see docs/results.md, "All-reduce across emulated hosts").
     * `timeout_seconds` (30): a rank that hears nothing from a peer for this
       long fails the collective with an error naming the peer, and the
       communicator stays failed (the job must restart).
@@ -78,6 +81,7 @@ from tfdist_ext.ops import ucx as ucx_ops
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 SEND, RECV_REDUCE, RECV_COPY = 0, 1, 2
+SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
@@ -113,12 +117,24 @@ def load_library():
     ucx_ops.load()
 
 
+def spin_from_environment() -> int:
+    """`TFDIST_UCX_SPIN_US` as microseconds; a clear error for anything else."""
+    text = os.environ[SPIN_VARIABLE]
+    if not text.strip().isdigit():
+        raise ValueError(f"Environment variable {SPIN_VARIABLE} must be a whole number of "
+                         f"microseconds >= 0 (how long a waiting rank polls); received "
+                         f"{text!r}. Unset it for the default, 200.")
+    return int(text)
+
+
 def engine_for(name, devices, world_size, first_rank, **options):
     """The process's `UcxEngine` called `name`, created (and wired up) on first use."""
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
     if not in_process and world_size == len(devices):
         name += "-schedules"  # only within one process: the name is the rendezvous key
     shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
+    if os.environ.get(SPIN_VARIABLE):
+        options.setdefault("spin_us", spin_from_environment())
     with _engines_lock:
         if name not in _engines:
             _engines[name] = UcxEngine(name, devices, world_size, first_rank,

@@ -170,6 +170,10 @@ class Launcher:
                    TFDIST_RESTART=str(self.restarts), **self.env)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env.setdefault("GRPC_VERBOSITY", "ERROR")
+        if self.num_workers + self.num_servers > len(os.sched_getaffinity(0)):
+            # More processes than cores: a UCX rank polling for messages would
+            # hold a core that a peer needs (tfdist_ext.collectives.ucx_engine).
+            env.setdefault("TFDIST_UCX_SPIN_US", "0")
         if self.network:
             # Each namespace stands for a host: UCX must cross the shaped links
             # over TCP, not take shared memory or CMA around them.
