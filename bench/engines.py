@@ -49,6 +49,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _relaunch import commit  # noqa: E402  pylint: disable=wrong-import-position
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -264,7 +266,7 @@ def run(args):
     memcpy_end = memcpy_gbps(max(sizes))
     limits = {"memcpy_GBps": max(memcpy_start, memcpy_end), "memcpy_GBps_start": memcpy_start,
               "memcpy_GBps_end": memcpy_end, "memcpy_concurrent_GBps": concurrent,
-              "loopback_tcp_GBps": loopback_tcp_gbps(), "hosts": args.hosts,
+              "loopback_tcp_GBps": loopback_tcp_gbps(), "hosts": args.hosts, "commit": commit(),
               "link_bandwidth": args.link_bandwidth, "link_stream_GBps": link}
     records = []
     for (name, size), times in rows.items():

@@ -32,8 +32,10 @@ also times plain Keras in the same process, alternating measurements
 (``keras_with_tfdist`` rows; `x_keras_same_process` is the median of the
 paired ratios); with `--paired-ddp` the tfdist_ext workers also join a Gloo
 group and time PyTorch DDP alternately with `fit` (``torch_ddp_with_tfdist``,
-`x_torch_ddp_same_process`). Models: "mlp" (Dense 40-1024-1024-10, 1.1M parameters) and
-"cnn" (the example's 1-D CNN, 26k parameters), the same layers in PyTorch.
+`x_torch_ddp_same_process`). Models (`bench/step_models.py`, the PyTorch twins in
+`step_torch.py`): "mlp" (Dense 40-1024-1024-10, 1.1M parameters), "cnn" (the
+example's 1-D CNN, 26k parameters), "resnet20" (CIFAR ResNet-20), "transformer" (a
+text classifier with a 20,000-token embedding, sequences of 128) and "gru".
 """
 
 import argparse
@@ -53,13 +55,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import step_report  # noqa: E402  (bench/, on the path above)
+from _relaunch import commit  # noqa: E402  (bench/, on the path above)
+import step_models  # noqa: E402
+import step_report  # noqa: E402
 import step_torch  # noqa: E402
 
 SYSTEMS = ("keras", "keras_xla", "tfdist", "tfdist_xla", "torch_ddp", "keras_jax")
 EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2")
 ONE_PROCESS = step_report.ONE_PROCESS
-MODELS = ("mlp", "cnn")
+MODELS = step_models.MODELS
 
 
 def parse_args(argv=None):
@@ -68,7 +72,9 @@ def parse_args(argv=None):
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, from {SYSTEMS + EXTRA_SYSTEMS}")
-    parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="samples per worker per step (default: each model's, "
+                             "step_models.BATCH)")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--skip", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=15)
@@ -119,23 +125,17 @@ def _clock(keras, skip):
     return Clock()
 
 
-def _keras_model(keras, name):
-    from examples.keras_fit import build_model  # pylint: disable=import-outside-toplevel
-    return build_model(keras, name)
-
-
 def _keras_runner(keras, tf, name, args, world, scope=None, jit=False):
     """`run(skip, steps)` -> seconds: `fit` of model `name`, built under `scope`."""
     keras.utils.set_random_seed(0)
     with scope() if scope else contextlib.nullcontext():
-        model = _keras_model(keras, name)
+        model = step_models.keras_model(keras, name)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=True if jit else "auto")  # "auto": XLA on JAX, not on TF/CPU
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4096, 40)).astype("float32")
-    y = rng.integers(0, 10, size=4096).astype("int32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch * world)
+    x, y = step_models.data(name)
+    batch = args.batch or step_models.BATCH[name]
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch * world)
 
     def run(skip, steps):
         clock = _clock(keras, skip)
@@ -242,9 +242,9 @@ def _env(**extra):
 def launch(args, system, workers, out_dir):
     """Runs `system` on `workers` processes; returns the chief's {"model": [ms...]}."""
     common = [str(pathlib.Path(__file__).resolve()), "--worker", system, "--out", out_dir,
-              "--models", args.models, "--batch", str(args.batch), "--steps", str(args.steps),
+              "--models", args.models, "--steps", str(args.steps),
               "--skip", str(args.skip), "--warmup", str(args.warmup),
-              "--repeats", str(args.repeats)]
+              "--repeats", str(args.repeats)] + (["--batch", str(args.batch)] if args.batch else [])
     if system == "torch_ddp":
         commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone",
                      f"--nproc-per-node={workers}", *common]]
@@ -338,12 +338,14 @@ def main(argv=None):
     for (system, model, workers), ms in times.items():
         ordered = sorted(ms)
         median = float(np.median(ordered))
+        batch = args.batch or step_models.BATCH[model]
         rows.append({"system": system, "model": model, "workers": workers, "ms": ms,
-                     "ms_min": ordered[0], "ms_median": median,
-                     "samples_per_s": workers * args.batch / median * 1e3})
+                     "ms_min": ordered[0], "ms_median": median, "batch_per_worker": batch,
+                     "samples_per_s": workers * batch / median * 1e3})
     rows = step_report.summarize(rows)
     cores = os.cpu_count()
-    print(f"\n{args.batch} samples per worker per step, {cores} CPU cores, {args.rounds} "
+    batches = args.batch or {m: step_models.BATCH[m] for m in args.models.split(",")}
+    print(f"\nsamples per worker per step: {batches}, {cores} CPU cores, {args.rounds} "
           f"rounds x {args.repeats} repeats of {args.steps} steps (median / min ms per step)")
     header = f"{'system':<28} {'model':<5} {'W':>2} {'median':>8} {'min':>8}"
     ratio_keys = ("x_keras", "x_keras_same_process", "x_torch_ddp",
@@ -357,10 +359,11 @@ def main(argv=None):
         pathlib.Path(args.json).write_text(json.dumps(
             {"args": {k: v for k, v in vars(args).items()
                       if k not in ("worker", "out", "rank", "world", "port")},
-             "cpu_cores": cores, "skipped": skipped, "failures": failures, "rows": rows},
+             "cpu_cores": cores, "commit": commit(), "skipped": skipped,
+             "failures": failures, "rows": rows},
             indent=1))
     if args.png:
-        step_report.plot(rows, args.png, f"{args.batch} samples/worker/step, {cores} cores")
+        step_report.plot(rows, args.png, f"samples/worker/step {batches}, {cores} cores")
     return 0
 
 

@@ -235,3 +235,27 @@ def test_zero_benchmark_tiny(tmp_path):
     assert [r["summed_gradient_mb"] * (1 << 20) for r in rows] == [442 * 4, 442 * 4, 221 * 4]
     assert [r["loss"] for r in rows] == pytest.approx([rows[0]["loss"]] * 3, rel=1e-5)
     assert (tmp_path / "z.png").stat().st_size > 0
+
+
+def test_step_models_train_and_match_their_pytorch_twins():
+    """bench/step.py's ResNet-20, Transformer and GRU: a Keras step each, and (where torch
+    is installed) the PyTorch twin has the same trainable parameter count."""
+    import keras  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, str(ROOT / "bench"))
+    import step_models  # pylint: disable=import-outside-toplevel
+    counts = {"resnet20": 272_474, "transformer": 1_355_266, "gru": 63_498}  # by hand
+    for name, count in counts.items():
+        model = step_models.keras_model(keras, name)
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+        x, y = step_models.data(name, samples=8)
+        assert np.isfinite(model.train_on_batch(x, y))
+        trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        assert trainable == count, (name, trainable)
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return
+    import step_torch  # pylint: disable=import-outside-toplevel
+    for name, count in counts.items():
+        assert sum(p.numel() for p in step_torch.build(torch, name).parameters()) == count, name
