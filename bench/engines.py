@@ -98,28 +98,33 @@ def memcpy_gbps(nbytes, repeats=11, stat=min):
     return nbytes / stat([_timed(lambda: np.copyto(dst, src)) for _ in range(repeats)]) / 1e9
 
 
-def loopback_tcp_gbps(nbytes=256 << 20):
-    """One TCP stream over 127.0.0.1 between two threads (4 MB writes)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
+def _drain(server, nbytes):
+    """Accepts one connection on `server`, reads `nbytes`, answers one byte."""
+    conn, _ = server.accept()
+    view, left = bytearray(4 << 20), nbytes
+    while left:
+        left -= conn.recv_into(view, min(len(view), left))
+    conn.sendall(b"x")
+    conn.close()
 
-    def drain():
-        conn, _ = server.accept()
-        view, left = bytearray(4 << 20), nbytes
-        while left:
-            left -= conn.recv_into(view, min(len(view), left))
-        conn.sendall(b"x")
-        conn.close()
 
-    thread = threading.Thread(target=drain)
-    thread.start()
+def _stream_seconds(address, nbytes):
+    """Seconds to send `nbytes` in 4 MB writes to `address` until the answer arrives."""
     data = b"\0" * (4 << 20)
-    with socket.create_connection(("127.0.0.1", port)) as conn:
+    with socket.create_connection(address) as conn:
         start = time.perf_counter()
         for _ in range(nbytes // len(data)):
             conn.sendall(data)
         conn.recv(1)
-        seconds = time.perf_counter() - start
+        return time.perf_counter() - start
+
+
+def loopback_tcp_gbps(nbytes=256 << 20):
+    """One TCP stream over 127.0.0.1 between two threads (4 MB writes)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=_drain, args=(server, nbytes))
+    thread.start()
+    seconds = _stream_seconds(("127.0.0.1", server.getsockname()[1]), nbytes)
     thread.join()
     server.close()
     return nbytes / seconds / 1e9
@@ -139,21 +144,10 @@ def _link_stream(spec, rank, per_host, barrier, nbytes):
     barrier()
     seconds = None
     if server is not None:
-        conn, _ = server.accept()
-        view, left = bytearray(4 << 20), nbytes
-        while left:
-            left -= conn.recv_into(view, min(len(view), left))
-        conn.sendall(b"x")
-        conn.close()
+        _drain(server, nbytes)
         server.close()
     elif rank == 0:
-        data = b"\0" * (4 << 20)
-        with socket.create_connection(address) as conn:
-            start = time.perf_counter()
-            for _ in range(nbytes // len(data)):
-                conn.sendall(data)
-            conn.recv(1)
-            seconds = time.perf_counter() - start
+        seconds = _stream_seconds(address, nbytes)
     barrier()
     return nbytes / seconds / 1e9 if seconds else None
 
