@@ -15,6 +15,10 @@ random data in each system; the global batch grows with the workers. Systems:
 * ``keras_jax``: Keras on JAX, `keras.distribution.DataParallel` across W
   processes (JAX's Gloo CPU collectives; skipped when jax is missing).
 
+With ``--hosts HxW [--link-bandwidth RATE]`` (root) the tfdist and torch_ddp workers
+run on H emulated hosts (`tfdist-run -H`, one network namespace each), DDP's Gloo on
+the same shaped links.
+
 Optional rows for the thread-pool choice of co-located workers:
 ``tfdist_threads_machine`` (TF's pools sized for the whole machine in every
 worker, as before tfdist_ext split the cores) and ``tfdist_inter2``
@@ -81,6 +85,11 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=2, help="measurements per launch")
     parser.add_argument("--rounds", type=int, default=3,
                         help="launches of every system, round-robin")
+    parser.add_argument("--hosts", default=None, metavar="HxW",
+                        help="tfdist and torch_ddp workers on H emulated hosts of W workers "
+                             "(tfdist-run -H; needs root); the worker count is H x W")
+    parser.add_argument("--link-bandwidth", default=None, metavar="RATE",
+                        help="with --hosts: shape the links between hosts (10gbit, 1gbit)")
     parser.add_argument("--paired-ddp", action="store_true",
                         help="tfdist also times PyTorch DDP in its own worker processes")
     parser.add_argument("--json", default=None)
@@ -99,6 +108,13 @@ def parse_args(argv=None):
         if name not in SYSTEMS + EXTRA_SYSTEMS:
             parser.error(f"--systems: unknown system {name!r}; choose from "
                          f"{SYSTEMS + EXTRA_SYSTEMS}")
+    if args.hosts and not args.worker:
+        crossing = {"tfdist", "tfdist_xla", "torch_ddp"}
+        if not set(args.systems.split(",")) <= crossing:
+            parser.error(f"--hosts: only {sorted(crossing)} run across emulated hosts; "
+                         f"received --systems {args.systems}")
+        h, _, w = args.hosts.partition("x")
+        args.workers = str(int(h) * int(w))
     return args
 
 
@@ -189,7 +205,16 @@ def torch_worker(args):
     """PyTorch DDP (Gloo) under torchrun: ms per step for each model."""
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
 
-    dist.init_process_group("gloo")
+    if "TF_CONFIG" in os.environ:  # under tfdist-run -H: one namespace per host
+        config = json.loads(os.environ["TF_CONFIG"])
+        chief = config["cluster"]["worker"][0].rsplit(":", 1)[0]
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", next(
+            name for _, name in socket.if_nameindex() if name != "lo"))
+        dist.init_process_group("gloo", init_method=f"tcp://{chief}:{args.port}",
+                                rank=config["task"]["index"],
+                                world_size=len(config["cluster"]["worker"]))
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in args.models.split(","):
@@ -245,7 +270,17 @@ def launch(args, system, workers, out_dir):
               "--models", args.models, "--steps", str(args.steps),
               "--skip", str(args.skip), "--warmup", str(args.warmup),
               "--repeats", str(args.repeats)] + (["--batch", str(args.batch)] if args.batch else [])
-    if system == "torch_ddp":
+    hosts = ((["-H", args.hosts] + (["--link-bandwidth", args.link_bandwidth]
+                                    if args.link_bandwidth else [])) if args.hosts else [])
+    # Emulated hosts share this machine's cores: every system gets cores / workers threads.
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    shared = (dict(TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads,
+                   OMP_NUM_THREADS=threads) if args.hosts else {})
+    if system == "torch_ddp" and args.hosts:  # DDP's workers in the same namespaces
+        commands = [[sys.executable, "-m", "tfdist_ext.launch", *hosts, "--timeout",
+                     str(args.timeout), "--", sys.executable, *common, "--port", "29500"]]
+        env = _env(**shared)
+    elif system == "torch_ddp":
         commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone",
                      f"--nproc-per-node={workers}", *common]]
         env = _env()
@@ -260,10 +295,10 @@ def launch(args, system, workers, out_dir):
     else:
         paired = (["--paired-ddp", "--port", str(_free_port())]
                   if args.paired_ddp and system == "tfdist" else [])
-        commands = [[sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers),
+        commands = [[sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers), *hosts,
                      "--timeout", str(args.timeout), "--", sys.executable, *common, *paired]]
         cores = str(os.cpu_count())
-        env = _env(**{"tfdist_threads_machine": {"TF_NUM_INTRAOP_THREADS": cores,
+        env = _env(**shared, **{"tfdist_threads_machine": {"TF_NUM_INTRAOP_THREADS": cores,
                                                  "TF_NUM_INTEROP_THREADS": cores},
                       "tfdist_inter2": {"TF_NUM_INTRAOP_THREADS": str(
                           max(1, os.cpu_count() // workers)), "TF_NUM_INTEROP_THREADS": "2"},
