@@ -51,6 +51,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"comma-separated, from {CONFIGS}; the ratios need "
+                             f"dense_layer and frozen_embedding")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # CONFIG
@@ -104,10 +107,10 @@ def main(argv=None):
         work(args)
         return 0
     keys = ["vocab", "dim", "seq", "batch", "steps", "warmup", "optimizer"]
-    runs = {c: [] for c in CONFIGS}
+    runs = {c: [] for c in args.configs.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for config in CONFIGS:
+            for config in runs:
                 out = pathlib.Path(tmp) / f"{config}-{r}.json"
                 worker = forward(args, keys) + ["--worker", config, "--out", out]
                 if config.endswith("one_process"):

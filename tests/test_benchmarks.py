@@ -211,12 +211,13 @@ def test_sparse_benchmark_tiny(tmp_path):
     out = tmp_path / "sparse.json"
     stdout = _run("sparse.py", "--workers", "2", "--vocab", "300", "--seq", "8", "--steps", "3",
                   "--warmup", "2", "--rounds", "1", "--json", str(out),
-                  "--png", str(tmp_path / "sparse.png"))
+                  "--configs", "ucx_all_gather,dense_layer,frozen_embedding,"
+                  "dense_layer_one_process", "--png", str(tmp_path / "sparse.png"))
     assert "x the frozen embedding" in stdout and "x the dense layer" in stdout
     result = json.loads(out.read_text())
     rows = {row["config"]: row for row in result["rows"]}
-    assert set(rows) == {"ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
-                         "frozen_embedding", "keras_one_process", "dense_layer_one_process"}
+    assert set(rows) == {"ucx_all_gather", "dense_layer", "frozen_embedding",
+                         "dense_layer_one_process"}
     assert rows["frozen_embedding"]["x_frozen_embedding"] == 1.0
     assert rows["dense_layer"]["x_dense_layer"] == 1.0 and len(result["commit"]) == 40
     assert all(row["median_ms"] > 0 for row in rows.values())
@@ -237,19 +238,20 @@ def test_zero_benchmark_tiny(tmp_path):
     assert (tmp_path / "z.png").stat().st_size > 0
 
 
-def test_step_models_train_and_match_their_pytorch_twins():
-    """bench/step.py's ResNet-20, Transformer and GRU: a Keras step each, and (where torch
-    is installed) the PyTorch twin has the same trainable parameter count."""
+def test_step_models_run_and_match_their_pytorch_twins():
+    """bench/step.py's ResNet-20, Transformer and GRU: each answers its data with one row
+    of logits per sample, and (where torch is installed) the PyTorch twin has the same
+    trainable parameter count. (bench/step.py trains them; CI time.)"""
     import keras  # pylint: disable=import-outside-toplevel
     sys.path.insert(0, str(ROOT / "bench"))
     import step_models  # pylint: disable=import-outside-toplevel
     counts = {"resnet20": 272_474, "transformer": 1_355_266, "gru": 63_498}  # by hand
     for name, count in counts.items():
         model = step_models.keras_model(keras, name)
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True))
-        x, y = step_models.data(name, samples=8)
-        assert np.isfinite(model.train_on_batch(x, y))
+        x, _ = step_models.data(name, samples=2)
+        logits = np.asarray(model(x))
+        assert logits.shape == (2, step_models.CLASSES.get(name, 10)), (name, logits.shape)
+        assert np.isfinite(logits).all()
         trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         assert trainable == count, (name, trainable)
     try:
