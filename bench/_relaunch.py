@@ -73,6 +73,13 @@ def step_clock(keras):
     return StepClock()
 
 
+def host_device():
+    """This network namespace's device other than loopback (an emulated host's veth):
+    Gloo binds to the hostname's address (127.0.0.1) unless GLOO_SOCKET_IFNAME names it."""
+    import socket  # pylint: disable=import-outside-toplevel
+    return next(name for _, name in socket.if_nameindex() if name != "lo")
+
+
 def commit():
     """The measured code's git commit: `git rev-parse HEAD`, or TFDIST_BENCH_COMMIT
     where the tree is an export without .git (e.g. `git archive` for long runs)."""

@@ -49,7 +49,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _relaunch import commit  # noqa: E402  pylint: disable=wrong-import-position
+from _relaunch import commit, host_device  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def parse_args(argv=None):
@@ -247,8 +247,7 @@ def run(args):
                 print("torch is not installed: no Gloo rows (pip install torch)", flush=True)
     if has_torch:
         if args.hosts:  # Gloo takes the hostname's address (127.0.0.1) unless told the device
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", next(
-                name for _, name in socket.if_nameindex() if name != "lo"))
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", host_device())
         host, port = spec.jobs["worker"][0].rsplit(":", 1)
         for size, times in gloo_times(sizes, steps_for, args.repeat, rank, world,
                                       f"{host}:{int(port) + 1}").items():

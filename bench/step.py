@@ -201,37 +201,11 @@ def keras_worker(args, system, world):
     return results
 
 
-def torch_worker(args):
-    """PyTorch DDP (Gloo) under torchrun: ms per step for each model."""
-    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
-
-    if "TF_CONFIG" in os.environ:  # under tfdist-run -H: one namespace per host
-        config = json.loads(os.environ["TF_CONFIG"])
-        chief = config["cluster"]["worker"][0].rsplit(":", 1)[0]
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", next(
-            name for _, name in socket.if_nameindex() if name != "lo"))
-        dist.init_process_group("gloo", init_method=f"tcp://{chief}:{args.port}",
-                                rank=config["task"]["index"],
-                                world_size=len(config["cluster"]["worker"]))
-    else:
-        dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for name in args.models.split(","):
-        run = step_torch.runner(name, args, rank)
-        results[name] = [measure_ms(run, args) for _ in range(args.repeats)]
-    # Gloo's pairs torn down while a peer still uses them can abort a process
-    # ("terminate called without an active exception", about 1 launch in 10).
-    dist.barrier()
-    dist.destroy_process_group()
-    return rank, world, results
-
-
 def worker_main(args):
     """A worker of one system: writes {"model": [ms per repeat]} to OUT/w<rank>.json."""
     system = args.worker
     if system == "torch_ddp":
-        rank, world, results = torch_worker(args)
+        rank, world, results = step_torch.worker(args, measure_ms)
     elif system == "keras_jax":
         import jax  # pylint: disable=import-outside-toplevel
         jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -4,9 +4,12 @@ Imported by bench/step.py only; torch is imported inside the functions (the
 `bench` extra), so step.py runs without it.
 """
 
+import json
+import os
 import time
 
 import step_models  # bench/, on the path of bench/step.py
+from _relaunch import host_device
 
 
 def build(torch, name):
@@ -113,6 +116,32 @@ def runner(name, args, rank):
 
     run(0, args.warmup)
     return run
+
+
+def worker(args, measure):
+    """PyTorch DDP (Gloo) under torchrun, or under tfdist-run -H (one namespace per
+    host): `(rank, world, {model: [measure(run, args) per repeat]})`."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+
+    if "TF_CONFIG" in os.environ:
+        config = json.loads(os.environ["TF_CONFIG"])
+        chief = config["cluster"]["worker"][0].rsplit(":", 1)[0]
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", host_device())
+        dist.init_process_group("gloo", init_method=f"tcp://{chief}:{args.port}",
+                                rank=config["task"]["index"],
+                                world_size=len(config["cluster"]["worker"]))
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for name in args.models.split(","):
+        run = runner(name, args, rank)
+        results[name] = [measure(run, args) for _ in range(args.repeats)]
+    # Gloo's pairs torn down while a peer still uses them can abort a process
+    # ("terminate called without an active exception", about 1 launch in 10).
+    dist.barrier()
+    dist.destroy_process_group()
+    return rank, world, results
 
 
 def join(args, rank, world):

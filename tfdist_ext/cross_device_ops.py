@@ -177,7 +177,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     plan_override = delegation.forwarded("buckets", "plan_override")
     plan_inputs = delegation.forwarded("buckets", "plan_inputs")
     bucket_plan = delegation.forwarded("buckets", "bucket_plan")
-    needs_backward_profile = delegation.forwarded("buckets", "needs_backward_profile", settable=False)
+    needs_backward_profile = delegation.forwarded("buckets", "needs_backward_profile",
+                                                  settable=False)
     collective_engine = delegation.forwarded("engines", "main", settable=False)
     new_engine = delegation.forwarded("engines", "new", settable=False)
 

@@ -201,8 +201,8 @@ class UcxEngine:
                 self._ops.tfdist_ucx_join_local(tf.constant(self._handles, tf.int64),
                                                 timeout_seconds=float(timeout_seconds or 0.0))
             self.on_host = (world_size > 1 and not self.in_process
-                            and ucx_host.join(self._ops, self._handles, self._exchange, shared_memory,
-                                           len(self.devices), self.first_rank))
+                            and ucx_host.join(self._ops, self._handles, self._exchange,
+                                              shared_memory, len(self.devices), self.first_rank))
 
     def shared_result_bytes(self):
         """Bytes of this machine's shared-memory results that some rank still holds.
