@@ -38,8 +38,8 @@ survivors of a failure would otherwise step faster than the full job, and
 goodput above 1 would follow.
 
 The model: an MLP (20-H-H-4, H = `--hidden`, 128 by default) on a synthetic
-4-class problem with overlapping classes (12,000 samples, 4,000 of them for
-testing), momentum SGD 0.05/0.9, global batch `--batch` (96), split by Keras'
+4-class problem with overlapping classes (`--samples` training points, 8,000 by
+default, and half as many for testing), momentum SGD 0.05/0.9, global batch `--batch` (96), split by Keras'
 input among the workers. With H = 128 and batch 96 the step is mostly
 communication latency and per-step overhead (a ring of two steps faster than a
 ring of three); raise H and the batch until compute dominates, so that the
@@ -78,6 +78,10 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, default=128,
                         help="width of the MLP's two hidden layers (raise it and --batch "
                              "for a compute-bound step)")
+    parser.add_argument("--samples", type=int, default=8000,
+                        help="training samples of the synthetic problem (half as many more "
+                             "are for testing); raise it for long runs, so that the model "
+                             "does not fit the training set long before the end")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--cpus-per-worker", type=float, default=0.0,
                         help="cap each worker (and its replacements) at this many cores with "
@@ -113,13 +117,15 @@ def parse_args(argv=None):
 
 # -- one worker ---------------------------------------------------------------
 
-def data(seed=0, n=12000, d=20, classes=4):
+def data(samples=8000, seed=0, d=20, classes=4):
+    """`samples` training and `samples // 2` test points of the 4-class problem."""
     import numpy as np  # pylint: disable=import-outside-toplevel
+    n = samples + samples // 2
     rng = np.random.default_rng(seed)
     centers = rng.normal(scale=0.35, size=(classes, d))
     y = rng.integers(0, classes, size=n)
     x = (centers[y] + rng.normal(size=(n, d))).astype("float32")
-    return x[:8000], y[:8000], x[8000:], y[8000:]
+    return x[:samples], y[:samples], x[samples:], y[samples:]
 
 
 def work(args):
@@ -133,7 +139,7 @@ def work(args):
     out = pathlib.Path(args.worker)
     me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     strategy = tfdist_ext.Strategy(elastic=True)
-    x, y, x_test, y_test = data()
+    x, y, x_test, y_test = data(args.samples)
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential([keras.Input((20,)),
@@ -228,7 +234,8 @@ def job(args, name, kills, out_root, killer=False):
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, __file__, "--worker", str(out), "--workers",
                    str(args.workers), "--epochs", str(args.epochs), "--kill", kill,
-                   "--hidden", str(args.hidden), "--batch", str(args.batch)]
+                   "--hidden", str(args.hidden), "--batch", str(args.batch),
+                   "--samples", str(args.samples)]
         with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
             proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT)
@@ -266,7 +273,8 @@ def _supervise(args, out, start, killer):
 def uninterrupted_name(args):
     cap = f"-c{args.cpus_per_worker:g}" if args.cpus_per_worker else ""
     width = (f"-h{args.hidden}" if args.hidden != 128 else "") + (
-        f"-b{args.batch}" if args.batch != 96 else "")
+        f"-b{args.batch}" if args.batch != 96 else "") + (
+        f"-s{args.samples}" if args.samples != 8000 else "")
     return f"uninterrupted-w{args.workers}-e{args.epochs}{cap}{width}"
 
 
@@ -346,6 +354,8 @@ def main(argv=None):
 
 
 def _write(result, args):
+    from _relaunch import commit  # pylint: disable=import-outside-toplevel  (bench/)
+    result.update(samples=args.samples, commit=commit())
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     if args.png:
