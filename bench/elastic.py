@@ -39,12 +39,12 @@ goodput above 1 would follow.
 
 The model: an MLP (20-H-H-4, H = `--hidden`, 128 by default) on a synthetic
 4-class problem with overlapping classes (`--samples` training points, 8,000 by
-default, and half as many for testing), momentum SGD 0.05/0.9, global batch `--batch` (96), split by Keras'
-input among the workers. With H = 128 and batch 96 the step is mostly
-communication latency and per-step overhead (a ring of two steps faster than a
-ring of three); raise H and the batch until compute dominates, so that the
-survivors of a failure carry the dead worker's share of the batch, as on a
-real cluster.
+default, and half as many for testing), momentum SGD 0.05/0.9, global batch
+`--batch` (96), split by Keras' input among the workers. With H = 128 and
+batch 96 the step is mostly communication latency and per-step overhead (a
+ring of two steps faster than a ring of three); raise H and the batch until
+compute dominates, so that the survivors of a failure carry the dead worker's
+share of the batch, as on a real cluster.
 """
 
 import argparse
