@@ -306,6 +306,31 @@ def test_a_member_dying_while_a_replacement_joins_leaves_the_replacement_running
     assert results[0]["members"] == [0, 2, 1]
 
 
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_the_leader_dying_while_a_replacement_joins_costs_seconds_not_the_recover_timeout(
+        tmp_path):
+    # Worker 2 dies at step 10 and is started again; worker 0, whose store the admitted
+    # replacement wires up in, dies before that wire-up. The replacement's wire-up is
+    # refused: it agrees with worker 1 as a member (it used to crash, and worker 1, which
+    # had found it alive, waited out Elastic.recover_seconds, 60 s, for its report).
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", "admission-leader"],
+                          options=["--elastic"], timeout=300, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert out.count("worker 2 starts again") == 1, out[-4000:]
+    assert out.count("worker 0 starts again") == 1, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert len({r["sha"] for r in results}) == 1
+    assert results[2]["pid_start"] == results[2]["pid_end"]
+    assert [f["dead"] for f in results[2]["failures"]] == [[0]], results[2]["failures"]
+    assert [f["dead"] for f in results[1]["failures"]] == [[2], [0]], results[1]["failures"]
+    killed = float((tmp_path / "leader_killed.txt").read_text())
+    for worker in (1, 2):
+        assert results[worker]["failures"][-1]["time"] - killed < 10, results[worker]
+    assert results[1]["members"] == [1, 2, 0]
+
+
 def test_a_cluster_with_a_chief_job_is_refused():
     spec = cluster.parse_tf_config(json.dumps({
         "cluster": {"chief": ["127.0.0.1:1000"], "worker": ["127.0.0.1:1001"]},

@@ -65,6 +65,31 @@ def test_a_silent_survivor_is_left_out_and_told_so():
     assert isinstance(late, MembershipError) and "worker 2 was left out" in str(late)
 
 
+def test_the_leader_stops_waiting_for_a_worker_that_died_after_the_health_check():
+    # Worker 2 (a replacement that crashed while joining) passed the survivors' health
+    # check but never reports: the leader asks `gone` instead of waiting out the timeout.
+    asked = []
+
+    def gone(worker):
+        asked.append(worker)
+        return worker == 2
+
+    shared, began = _Store(), time.monotonic()
+    members = membership.agree(shared.set, shared.get, "g", 0, (0, 2), 7, 60.0, gone)
+    assert members == ((0,), 7)
+    assert time.monotonic() - began < 3 * membership.CHECK_SECONDS
+    assert asked == [2]
+
+
+def test_a_slow_worker_still_alive_is_waited_for():
+    shared = _Store()
+    threading.Timer(2.5 * membership.CHECK_SECONDS, shared.set,
+                    ("g/report/1", '{"alive": [0, 1], "steps": 9}')).start()
+    asked = []
+    members = membership.agree(shared.set, shared.get, "g", 0, (0, 1), 7, 60.0,
+                               lambda worker: asked.append(worker) or False)
+    assert members == ((0, 1), 9) and asked == [1, 1]
+
 
 def test_only_the_latest_request_of_a_worker_not_in_the_job_counts():
     items = {"p/join/2/0000001000.000000-7": "h:1", "p/join/2/0000002000.000000-9": "h:2",

@@ -12,7 +12,10 @@ others in Keras' reading of its metrics; "recovery": as "train", and worker 0,
 the survivors' leader, SIGKILLs itself once it has read their reports, before
 it announces the membership, so that they must agree again; "admission": as "train",
 and worker 1 SIGKILLs itself once it has admitted the replacement of the killed
-worker and wired up with it, before the state broadcast; "wire-up": as "train", and worker
+worker and wired up with it, before the state broadcast; "admission-leader": as "train", and
+worker 0, the members' leader whose store the new communicators wire up in, SIGKILLs itself
+once it has admitted the replacement, before that wire-up (OUT_DIR/leader_killed.txt: when);
+"wire-up": as "train", and worker
 1 SIGKILLs itself once the survivors agreed on the new membership, before it publishes
 its address for their new communicators; "sigterm": as "train", but worker
 KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
@@ -159,6 +162,17 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             return broadcast(variables)
 
         strategy.elastic.broadcast_state = wire_up_and_die
+    if phase == "admission-leader" and index == 0 and not strategy.elastic.replacement:
+        def die_before_the_wire_up(variables):
+            if not strategy.elastic.joins:
+                return broadcast(variables)
+            with open(os.path.join(out_dir, "leader_killed.txt"), "w", encoding="utf-8") as f:
+                f.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+            return None
+
+        broadcast = strategy.elastic.broadcast_state
+        strategy.elastic.broadcast_state = die_before_the_wire_up
     if phase == "wire-up" and index == 1:
         reconfigure = strategy.reconfigure_workers
 
@@ -167,8 +181,8 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             os.kill(os.getpid(), signal.SIGKILL)
 
         strategy.reconfigure_workers = reconfigure_and_die
-    kill_phase = "train" if phase in ("recovery", "admission", "wire-up", "sigterm",
-                                    "sigstop") else phase
+    kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
+                                      "sigterm", "sigstop") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,

@@ -12,7 +12,9 @@ chief while it lives (a replacement is ranked after the members).
 
 import json
 import time
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+CHECK_SECONDS = 1.0  # how often the leader asks `gone` about a worker it waits for
 
 
 class MembershipError(RuntimeError):
@@ -36,7 +38,8 @@ def position(members: Sequence[int], worker: int) -> int:
 
 def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str],
           prefix: str, me: int, alive: Sequence[int], steps: int,
-          timeout: float) -> Tuple[Tuple[int, ...], int]:
+          timeout: float, gone: Optional[Callable[[int], bool]] = None
+          ) -> Tuple[Tuple[int, ...], int]:
     """The new membership and the step every member resumes at.
 
     Args:
@@ -49,6 +52,10 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
             members' order (the same on every survivor).
         steps: Training steps this worker ran (the failed one included).
         timeout: Seconds to wait for the others.
+        gone: Asked every `CHECK_SECONDS` about a worker whose report the
+            leader still waits for: True ends the wait for it (it died after
+            this worker's health check, e.g. a replacement that crashed
+            while joining), so the others do not wait out `timeout`.
 
     Returns:
         (members, steps): the members in order, and the most steps any ran.
@@ -60,24 +67,24 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
     alive = tuple(alive) if me in alive else tuple(alive) + (me,)
     leader = alive[0]
     try:
-        return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout)
+        return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout,
+                      gone or (lambda worker: False))
     except (OSError, EOFError) as err:  # the leader's store is unreachable
         raise LeaderLost(f"worker {me}: the meeting place of the survivors, worker "
                               f"{leader}'s store, failed ({type(err).__name__}: {err}): "
                               "it died too during the recovery.") from None
 
 
-def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
+def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone):
     kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps)}))
     if me == leader:
         deadline = time.monotonic() + timeout
         reports: Dict[int, dict] = {}
         for worker in alive:
-            try:
-                left = max(deadline - time.monotonic(), 0.001)
-                reports[worker] = json.loads(kv_get(f"{prefix}/report/{worker}", left))
-            except Exception:  # pylint: disable=broad-except  (silent: not a member)
-                continue
+            report = _report(kv_get, f"{prefix}/report/{worker}", deadline,
+                             lambda w=worker: w != me and gone(w))
+            if report is not None:
+                reports[worker] = report
         members = tuple(w for w in alive if w in reports)
         decision = {"members": members, "steps": max(r["steps"] for r in reports.values())}
         kv_set(f"{prefix}/members", json.dumps(decision))
@@ -95,3 +102,16 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout):
         raise MembershipError(f"worker {me} was left out of the new membership {members} "
                               f"(the others did not hear from it within {timeout:g} s).")
     return members, int(decision["steps"])
+
+
+def _report(kv_get, key, deadline, gone):
+    """The report under `key`, or None when the deadline passed or `gone()` said so."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return json.loads(kv_get(key, max(min(left, CHECK_SECONDS), 0.001)))
+        except (TimeoutError, KeyError):
+            if left <= CHECK_SECONDS or gone():
+                return None
+        except Exception:  # pylint: disable=broad-except  (silent: not a member)
+            return None

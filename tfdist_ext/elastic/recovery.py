@@ -191,8 +191,10 @@ class Recovery:
         self.change(decision["generation"], tuple(decision["members"]))
         try:
             self.broadcast_state(variables)
-        except tf.errors.OpError as err:  # a member died while this worker joined
-            # A member now: it agrees with the others, at the admission's step.
+        except (tf.errors.OpError, OSError, TimeoutError) as err:
+            # A member died while this worker joined (OSError: the leader's store, where
+            # the new communicators wire up, refused). A member now: it agrees with the
+            # others, at the admission's step.
             self.recover_and_share(err, decision["steps"], lambda: variables)
         log.warning("tfdist_ext: worker %d joined at step %d (epoch %d, batch %d).",
                     self.me, decision["steps"], decision["epoch"], decision["batch"])
@@ -297,11 +299,16 @@ class Recovery:
         others = [self._addresses[w] for w in self.members if w != self.me]
         return fencing.members_state(self._prefix, others, beacon.running_job)
 
-    def dead_members(self) -> Dict[int, str]:
-        """Members other than this worker that do not answer (`health.dead_members`)."""
+    def dead_members(self, workers=None) -> Dict[int, str]:
+        """Members (or `workers`) other than this worker that do not answer
+        (`health.dead_members`)."""
         with self._lock:
             known = dict(self._reported_dead)
-        return health.dead_members(self.members, self.me, self._stores, known)
+        return health.dead_members(self.members if workers is None else workers, self.me,
+                                   self._stores, known)
+
+    def _found_dead(self, worker) -> bool:
+        return bool(self.dead_members([worker]))
 
     def recover(self, error: Exception, steps: int) -> int:
         """Goes on without the dead workers after `error` failed a training step.
@@ -351,7 +358,8 @@ class Recovery:
             try:
                 self.broadcast_state(variables())
                 return skip
-            except tf.errors.OpError as again:  # another member died during the broadcast
+            except (tf.errors.OpError, OSError, TimeoutError) as again:
+                # Another member died during the broadcast or its communicators' wire-up.
                 if attempt + 1 == RECOVERY_ATTEMPTS:
                     raise
                 error = again
@@ -373,7 +381,7 @@ class Recovery:
         meeting = self.kv(leader=alive[0])
         members, level = membership.agree(
             meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,
-            steps, self.options.recover_seconds)
+            steps, self.options.recover_seconds, gone=self._found_dead)
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
         self.change(generation, members)
