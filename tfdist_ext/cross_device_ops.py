@@ -105,7 +105,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         if not self._native_only:
             self.engines.check(config.allreduce)
 
-    def _make_parts(self, engine_role, kv=None):
+    def _make_parts(self, engine_role, kv=None, generation=None):
         """The parts this class delegates to, each in its own module."""
         config, group_size = self.config, self._group_size
         self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
@@ -114,7 +114,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self.engines = engines.Engines(
             config.engine, self._devices, group_size, self.first_rank,
             self._pair_group_key_base, ucx_timeout_seconds=config.allreduce.timeout_seconds,
-            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role, kv=kv)
+            graph_timeout_seconds=self._options.timeout_seconds, role=engine_role, kv=kv,
+            generation=generation)
 
     def reconfigure(self, worker_index: int, num_workers: int, generation: int, kv=None):
         """Goes on with another membership: `num_workers` workers, this one at `worker_index`.
@@ -122,12 +123,14 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         For elastic training (`tfdist_ext.elastic`) after a worker died: the
         algorithm choice, byte counts and engines are made again for the new
         world (new communicators, rendezvous keys named by `generation`, met
-        through `kv` as in `engines.Engines`). Functions traced before must be
-        traced again.
+        through `kv` as in `engines.Engines`). Functions traced before for
+        another world size or rank must be traced again; those traced for this
+        one run on the new communicators once they are wired up
+        (`collective_engine()`).
         """
         self._worker_index = worker_index
         self._group_size = num_workers * len(self._devices)
-        self._make_parts(f"{self._engine_role}-g{generation}", kv)
+        self._make_parts(self._engine_role, kv, generation)
 
     @property
     def devices(self) -> tuple:

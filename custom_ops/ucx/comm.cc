@@ -197,4 +197,12 @@ int64_t Register(std::shared_ptr<Comm> comm) { return communicators->Add(std::mo
 std::shared_ptr<Comm> Lookup(int64_t handle) { return communicators->Find(handle); }
 void Unregister(int64_t handle) { communicators->Remove(handle); }
 
+int64_t Alias(int64_t slot, int64_t handle) {
+  std::shared_ptr<Comm> comm = Lookup(handle);
+  if (comm == nullptr) return 0;
+  if (slot == 0) return communicators->Add(std::move(comm));
+  communicators->Put(slot, std::move(comm));
+  return slot;
+}
+
 }  // namespace tfdist_ucx

@@ -168,6 +168,10 @@ class Comm {
 int64_t Register(std::shared_ptr<Comm> comm);
 std::shared_ptr<Comm> Lookup(int64_t handle);
 void Unregister(int64_t handle);
+// Makes `slot` (0: a new one) address the communicator `handle` too, so that ops
+// built with `slot` run on whichever communicator it was last given; returns the
+// slot, or 0 when `handle` is unknown.
+int64_t Alias(int64_t slot, int64_t handle);
 
 }  // namespace tfdist_ucx
 

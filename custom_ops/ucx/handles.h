@@ -21,6 +21,12 @@ class HandleTable {
     return handle;
   }
 
+  // Makes `handle` (one `Add` returned) address `object` instead.
+  void Put(int64_t handle, std::shared_ptr<T> object) {
+    std::lock_guard<std::mutex> lock(mu_);
+    objects_[handle] = std::move(object);
+  }
+
   // Null when there is no such handle.
   std::shared_ptr<T> Find(int64_t handle) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -57,6 +57,20 @@ REGISTER_OP("TfdistUcxDestroy")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Stops and frees a communicator.");
 
+REGISTER_OP("TfdistUcxAlias")
+    .Input("slot: int64")
+    .Input("handle: int64")
+    .Output("alias: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Makes the handle `slot` (0: a new one, returned) address the communicator
+`handle` too. Ops built with the slot as their `handle` attribute run on the
+communicator the slot was last given: functions traced for one membership of
+an elastic job run again, without tracing, on a later membership's
+communicators of the same size and rank.
+)doc");
+
 REGISTER_OP("TfdistUcxRun")
     .Input("input: T")
     .Input("token: resource")
@@ -268,6 +282,21 @@ class DestroyOp : public OpKernel {
   }
 };
 
+class AliasOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t handle = ctx->input(1).scalar<int64_t>()();
+    const int64_t slot = Alias(ctx->input(0).scalar<int64_t>()(), handle);
+    OP_REQUIRES(ctx, slot != 0,
+                errors::InvalidArgument("tfdist_ext UCX communicator ", handle,
+                                        " does not exist (destroyed, or never created)"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = slot;
+  }
+};
+
 class RunOp : public AsyncOpKernel, ScheduleKernel {
  public:
   explicit RunOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) { Init(ctx); }
@@ -308,6 +337,7 @@ REGISTER_KERNEL_BUILDER(Name("TfdistUcxSharedResultBytes").Device(tensorflow::DE
                         SharedResultBytesOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxDestroy").Device(tensorflow::DEVICE_CPU), DestroyOp);
 REGISTER_KERNEL_BUILDER(Name("TfdistUcxRun").Device(tensorflow::DEVICE_CPU), RunOp);
+REGISTER_KERNEL_BUILDER(Name("TfdistUcxAlias").Device(tensorflow::DEVICE_CPU), AliasOp);
 
 }  // namespace
 }  // namespace tfdist_ucx

@@ -278,6 +278,11 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
         assert failure["dead"] == [killed] and failure["time"] - killed_at < 10
         assert [j["joined"] for j in results[w]["joins"]] == [[killed]]
     assert results[killed]["pid_start"] != results[survivors[0]]["pid_start"]
+    # Back to the members [0, 1, 2] in that order (the last one killed), the survivors run
+    # the train function they traced at the start (its collectives on the new
+    # communicators); in another order they trace again.
+    for w in survivors:
+        assert results[w]["reused_functions"] == (1 if killed == 2 else 0), (w, results[w])
     assert results[1]["loss"][-1] < results[1]["loss"][0]
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
         f"ckpt-{e}.weights.h5" for e in range(1, 5)]

@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist_ext
+from tfdist_ext.keras import elastic_steps
 
 
 def data(seed=0, n=6656, d=20, classes=4):
@@ -142,14 +143,14 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     if phase == "recovery" and index == 0:
         agree = tfdist_ext.elastic.membership.agree
 
-        def agree_and_die(kv_set, kv_get, prefix, me, alive, *args):
+        def agree_and_die(kv_set, kv_get, prefix, me, alive, *args, **kwargs):
             def get(key, seconds):  # the leader dies once it has every survivor's report
                 value = kv_get(key, seconds)
                 if key.endswith(f"/report/{alive[-1]}"):
                     os.kill(os.getpid(), signal.SIGKILL)
                 return value
 
-            return agree(kv_set, get, prefix, me, alive, *args)
+            return agree(kv_set, get, prefix, me, alive, *args, **kwargs)
 
         tfdist_ext.elastic.membership.agree = agree_and_die
     if phase == "admission" and index == 1 and not strategy.elastic.replacement:
@@ -215,6 +216,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     recovery = strategy.elastic
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump({"pid_start": pid, "pid_end": os.getpid(),
+                   "reused_functions": elastic_steps.reused_functions(model),
                    "sha": hashlib.sha256(weights).hexdigest(),
                    "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
                    "failures": recovery.failures, "members": list(recovery.members),

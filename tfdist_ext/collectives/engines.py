@@ -75,11 +75,16 @@ class Engines:
             strategy's `CommunicationOptions`), or None.
         role: The main engine's role (see `new`).
         kv: Where the UCX engine's ranks meet to wire up (`UcxEngine`'s `kv`).
+        generation: An elastic job's membership count (None: not elastic): each
+            generation's UCX communicators are new, and its ops run on the
+            handle slots of the earlier generations' (`UcxEngine`'s `slot_key`).
     """
 
     def __init__(self, engine, devices, world_size, first_rank, pair_group_key_base, *,
-                 ucx_timeout_seconds, graph_timeout_seconds, role="main", kv=None):
+                 ucx_timeout_seconds, graph_timeout_seconds, role="main", kv=None,
+                 generation=None):
         self.kv = kv
+        self.generation = generation
         self.engine = engine
         self.devices = devices
         self.world_size = world_size
@@ -130,7 +135,9 @@ class Engines:
             timeout = self.ucx_timeout_seconds
             name = (f"{role}{first_instance_key or ''}-{self.world_size}x{len(self.devices)}"
                     f"-t{timeout:g}")
-            return ucx_engine.engine_for(name, self.devices, self.world_size, self.first_rank,
+            rendezvous = name if self.generation is None else f"{name}-g{self.generation}"
+            return ucx_engine.engine_for(rendezvous, self.devices, self.world_size,
+                                         self.first_rank, slot_key=name,
                                          timeout_seconds=timeout, kv=self.kv)
         return graph_engine.GraphEngine(
             self.devices, self.world_size, self.first_rank, self.pair_group_key_base,

@@ -85,6 +85,7 @@ SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
+_slots = {}  # (slot key, rank) -> the handle slot the ops of that rank's engines are built with
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
 
 
@@ -127,11 +128,19 @@ def spin_from_environment() -> int:
     return int(text)
 
 
-def engine_for(name, devices, world_size, first_rank, **options):
-    """The process's `UcxEngine` called `name`, created (and wired up) on first use."""
+def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
+    """The process's `UcxEngine` called `name`, created (and wired up) on first use.
+
+    `slot_key` (default: `name`): engines made with the same key, size and ranks
+    one after another (the generations of an elastic job) build their ops on the
+    same handle slots (`UcxEngine`), so functions traced with an earlier one run
+    on the latest.
+    """
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
+    slot_key = name if slot_key is None else slot_key
     if not in_process and world_size == len(devices):
         name += "-schedules"  # only within one process: the name is the rendezvous key
+        slot_key += "-schedules"
     shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
     if os.environ.get(SPIN_VARIABLE):
         options.setdefault("spin_us", spin_from_environment())
@@ -139,7 +148,7 @@ def engine_for(name, devices, world_size, first_rank, **options):
         if name not in _engines:
             _engines[name] = UcxEngine(name, devices, world_size, first_rank,
                                        in_process=in_process, shared_memory=shared_memory,
-                                       **options)
+                                       slot_key=slot_key, **options)
         return _engines[name]
 
 
@@ -163,6 +172,12 @@ class UcxEngine:
         kv: Where ranks of other workers meet to wire up: an object with
             ``set(key, value)`` and ``get(key, seconds)``; None is the
             coordination service's store (`tfdist_ext.coordination.KeyValue`).
+        slot_key: The ops this engine builds address each communicator
+            through a handle slot shared by the engines of this key, world
+            size and rank, and the slot moves to the newest of them once it
+            is wired up: a function traced with an older one (an elastic
+            job's earlier membership of the same size) then runs on this
+            one. None: the communicators' own handles.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -171,7 +186,7 @@ class UcxEngine:
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
                  segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True,
-                 kv=None, shared_output_bytes=256 << 20):
+                 kv=None, shared_output_bytes=256 << 20, slot_key=None):
         self._ops = ucx_ops.load()
         self._kv = kv or coordination.KeyValue()
         self.name = name
@@ -203,6 +218,12 @@ class UcxEngine:
             self.on_host = (world_size > 1 and not self.in_process
                             and ucx_host.join(self._ops, self._handles, self._exchange,
                                               shared_memory, len(self.devices), self.first_rank))
+            self._op_handles = list(self._handles)
+            if slot_key is not None:
+                for i, handle in enumerate(self._handles):
+                    key = (slot_key, world_size, first_rank + i)
+                    _slots[key] = self._op_handles[i] = int(self._ops.tfdist_ucx_alias(
+                        _slots.get(key, 0), handle))
 
     def shared_result_bytes(self):
         """Bytes of this machine's shared-memory results that some rank still holds.
@@ -261,7 +282,7 @@ class UcxEngine:
     def _run(self, flat, local_index, plan, label, in_process=False, host_sum=False):
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_run(
-                flat, self._tokens[local_index].handle, handle=self._handles[local_index],
+                flat, self._tokens[local_index].handle, handle=self._op_handles[local_index],
                 plan=plan, label=label, in_process=in_process, host_sum=host_sum)
 
     def _sums_in_process(self, algorithm):
@@ -324,7 +345,7 @@ class UcxEngine:
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_all_gather_v(
                 flat, counts, self._tokens[local_index].handle,
-                handle=self._handles[local_index], label=label)
+                handle=self._op_handles[local_index], label=label)
 
     def reduce_scatter(self, flat, local_index, label="tfdist/reducescatter"):
         """This rank's block of the sum of every rank's 1-D `flat` (world_size equal blocks).
@@ -373,7 +394,7 @@ class UcxEngine:
                 else self._plan("all_reduce", algorithm, rank, n))
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_start(
-                flat, self._tokens[local_index].handle, handle=self._handles[local_index],
+                flat, self._tokens[local_index].handle, handle=self._op_handles[local_index],
                 plan=plan, label=label or f"tfdist/{algorithm}", keep_input=keep_input,
                 in_process=in_process, host_sum=host_sum)
 

@@ -27,6 +27,7 @@ from tfdist_ext.elastic import leaving
 
 log = logging.getLogger("tfdist_ext")
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
+_functions = weakref.WeakKeyDictionary()  # model -> _Functions
 
 
 class _Progress:
@@ -38,6 +39,43 @@ class _Progress:
         self.logs = {}
         self.stop_everyone = False  # a stop request that cannot be a departure
         self.pause = None  # the last admission's "pause" record, until the next step
+
+
+class _Functions:
+    """Keras' train and test functions of one model, per membership they were made for.
+
+    A function traced for a world size and rank runs on a later membership's
+    communicators of the same size and rank (`UcxEngine`'s handle slots), so a
+    worker that returns to the same members in the same order (a replacement
+    took a dead worker's place, and is ranked where it was) runs the functions
+    it traced then instead of tracing again.
+    Kept for one `fit` or `evaluate` (`forget`): a `compile` between them
+    makes new functions.
+    """
+
+    def __init__(self):
+        self.made = {}  # (phase, members) -> wrapped function
+        self.current = {}  # phase -> the members its function was made for
+        self.reused = 0  # functions taken from `made` instead of traced again
+
+
+def _membership(strategy):
+    # The members in rank order: a function's collectives depend on the world size and
+    # this worker's rank, their shared-memory path on the members' hosts.
+    return tuple(strategy.elastic.members)
+
+
+def forget(model):
+    """Drops the functions kept for other memberships (at the start of `fit`,
+    `evaluate` and `predict`: a `compile` in between makes new ones)."""
+    _functions.pop(model, None)
+
+
+def reused_functions(model) -> int:
+    """How many times a membership change found this model's functions for the new
+    membership already traced (since the running `fit` or `evaluate` started)."""
+    functions = _functions.get(model)
+    return 0 if functions is None else functions.reused
 
 
 def wrap(train_function, model, strategy, phase="train"):
@@ -54,6 +92,7 @@ def wrap(train_function, model, strategy, phase="train"):
                          "number of batches.")
     recovery = strategy.elastic
     progress = _progress.setdefault(model, {}).setdefault(phase, _Progress())
+    _functions.setdefault(model, _Functions()).current[phase] = _membership(strategy)
     strategy.preemption.leave_alone()
 
     @functools.wraps(train_function)
@@ -81,6 +120,9 @@ def wrap(train_function, model, strategy, phase="train"):
             return progress.logs or _metric_logs(model, strategy)
         try:
             began = time.monotonic()
+            # A function kept from an earlier membership does not wire up the new
+            # communicators when it runs (its trace did): they are made here.
+            strategy.extended.cross_device_ops.collective_engine()
             logs = train_function(iterator)
             if progress.pause is not None:  # the first step after an admission
                 progress.pause["step"], progress.pause = time.monotonic() - began, None
@@ -220,10 +262,24 @@ def _batches_per_call(model):
 
 
 def _retrace(model):
-    """Keras' functions traced again, with the new communicators (the ones a running
-    `fit` or `evaluate` calls again at once; the others when next used)."""
+    """Keras' functions for the new membership (the ones a running `fit` or `evaluate`
+    calls again at once; the others when next used): those made before for its
+    world size and this worker's rank (`_Functions`), else new ones, traced at
+    their first call."""
     model.predict_function = None
-    if model.train_function is not None:
-        model.make_train_function(force=True)
-    if model.test_function is not None:
-        model.make_test_function(force=True)
+    functions = _functions.setdefault(model, _Functions())
+    key = _membership(model.distribute_strategy)
+    for phase, make in (("train", model.make_train_function),
+                        ("test", model.make_test_function)):
+        name = f"{phase}_function"
+        if getattr(model, name) is None:
+            continue
+        if phase in functions.current:
+            functions.made[(phase, functions.current[phase])] = getattr(model, name)
+        kept = functions.made.get((phase, key))
+        if kept is None:
+            make(force=True)  # wrapped again: `wrap` records the membership
+        else:
+            setattr(model, name, kept)
+            functions.current[phase] = key
+            functions.reused += 1

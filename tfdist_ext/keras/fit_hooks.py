@@ -160,6 +160,7 @@ def wrap_fit(original):
         elastic = getattr(strategy, "elastic", None)
         if elastic is not None:
             extra = extra + [elastic_steps.Position(elastic)]
+            elastic_steps.forget(self)
         _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
@@ -232,6 +233,11 @@ def wrap_inference(original):
         if not uneven.is_tfdist_strategy(strategy):
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
+        # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`:
+        # the functions kept within that fit stay.
+        if (getattr(strategy, "elastic", None) is not None
+                and not kwargs.get("_use_cached_eval_dataset")):
+            elastic_steps.forget(self)
         args = list(args)
         _replace_argument(args, kwargs, 0, "x",
                           lambda data: local_input.common_length(data, strategy))
