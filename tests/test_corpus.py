@@ -50,7 +50,8 @@ def run_corpus(workers, tmp_path_factory):
     return _JOBS[workers]
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=["1worker", "2workers", "3workers"])
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.matrix), 3],
+                ids=["1worker", "2workers", "3workers"])
 def job(request, tmp_path_factory):
     """One launch of every script: {"workers", "out", "text", "code"}."""
     return run_corpus(request.param, tmp_path_factory)

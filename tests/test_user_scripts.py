@@ -30,7 +30,8 @@ ORDER = ["text_classifier", "text_from_directory", "unseeded_shuffle", "custom_s
          "late_finish"]
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=["1worker", "2workers", "3workers"])
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.matrix), 3],
+                ids=["1worker", "2workers", "3workers"])
 def job(request, tmp_path_factory):
     """One launch of every script on 1, 2 and 3 workers: {"workers", "out", "text"}."""
     out = tmp_path_factory.mktemp(f"scripts{request.param}")
