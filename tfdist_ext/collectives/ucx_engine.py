@@ -26,13 +26,12 @@ exchanges still run their schedules.
 
 When every rank is a process of this machine (one replica each, same boot,
 PID and network namespace: emulated hosts of the test bed do not count), an
-all-reduce of at least `HOST_SUM_MIN_BYTES` (1 MB) likewise skips UCX
-whatever the algorithm: the ranks stage chunks
-of their buffers in shared memory that every peer maps, and each rank sums its
-part of every chunk into one block of rank 0's shared area that becomes every
-rank's result (read-only to TF; see `shared_output_bytes`), or, when the block
-does not fit, into its own tensor, copying the others' parts
-(`custom_ops/ucx/host_group.h`).
+all-reduce of at least `HOST_SUM_MIN_BYTES` (1 MB) likewise skips UCX whatever
+the algorithm: the ranks stage chunks of their buffers in shared memory that
+every peer maps, and each rank sums its part of every chunk into one block of
+rank 0's shared area that becomes every rank's result (read-only to TF; see
+`shared_output_bytes`), or, when the block does not fit, into its own tensor,
+copying the others' parts (`custom_ops/ucx/host_group.h`).
 Every rank must manage to map every peer's memory, or none uses it (the
 reason is logged once). A peer whose process exits is noticed within
 milliseconds there, not after `timeout_seconds`.
@@ -47,14 +46,12 @@ Tuning:
       processes than the machine has cores (a polling rank would hold a core a
       peer needs; see docs/results.md, "All-reduce across emulated hosts").
     * `timeout_seconds` (30): a rank that hears nothing from a peer for this
-      long fails the collective with an error naming the peer, and the
-      communicator stays failed (the job must restart).
+      long fails the collective naming the peer; the communicator stays failed.
     * `TFDIST_UCX_IN_PROCESS=0` (environment) makes logical replicas run the
       schedules over UCX instead of the in-process sum (for testing them).
-    * `TFDIST_UCX_SHARED_MEMORY=0` (environment, on any worker) makes the
-      processes of one machine run the schedules over UCX instead of the
-      shared-memory sum. `segment_bytes` is also its chunk size (each rank
-      maps 4 chunks per peer).
+    * `TFDIST_UCX_SHARED_MEMORY=0` (environment, on any worker): the processes of
+      one machine run the schedules over UCX instead of the shared-memory sum,
+      whose chunk size is `segment_bytes` (each rank maps 4 chunks per peer).
     * `shared_output_bytes` (256 MB): room for shared-memory sums' results in
       rank 0's shared area. A result that fits is summed once, straight into
       memory every rank reads (each rank's result tensor is that block, never
@@ -75,7 +72,7 @@ import threading
 import tensorflow as tf
 
 from tfdist_ext import _compat, coordination
-from tfdist_ext.collectives import gather, ucx_host
+from tfdist_ext.collectives import gather, ucx_host, ucx_slots
 from tfdist_ext.collectives.schedule import Schedule, Send, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -85,7 +82,6 @@ SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
-_slots = {}  # (slot key, rank) -> the handle slot the ops of that rank's engines are built with
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
 
 
@@ -129,18 +125,12 @@ def spin_from_environment() -> int:
 
 
 def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
-    """The process's `UcxEngine` called `name`, created (and wired up) on first use.
-
-    `slot_key` (default: `name`): engines made with the same key, size and ranks
-    one after another (the generations of an elastic job) build their ops on the
-    same handle slots (`UcxEngine`), so functions traced with an earlier one run
-    on the latest.
-    """
+    """The process's `UcxEngine` called `name`, created (and wired up) on first use;
+    its ops run on the handle slots of `slot_key` (default: `name`; `ucx_slots`)."""
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
     slot_key = name if slot_key is None else slot_key
-    if not in_process and world_size == len(devices):
-        name += "-schedules"  # only within one process: the name is the rendezvous key
-        slot_key += "-schedules"
+    if not in_process and world_size == len(devices):  # the names of rendezvous keys:
+        name, slot_key = name + "-schedules", slot_key + "-schedules"  # in one process only
     shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
     if os.environ.get(SPIN_VARIABLE):
         options.setdefault("spin_us", spin_from_environment())
@@ -172,12 +162,9 @@ class UcxEngine:
         kv: Where ranks of other workers meet to wire up: an object with
             ``set(key, value)`` and ``get(key, seconds)``; None is the
             coordination service's store (`tfdist_ext.coordination.KeyValue`).
-        slot_key: The ops this engine builds address each communicator
-            through a handle slot shared by the engines of this key, world
-            size and rank, and the slot moves to the newest of them once it
-            is wired up: a function traced with an older one (an elastic
-            job's earlier membership of the same size) then runs on this
-            one. None: the communicators' own handles.
+        slot_key: The ops address the communicators through the handle slots
+            of this key (`ucx_slots`), which this engine takes over once wired
+            up; None: through the communicators' own handles.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -218,12 +205,9 @@ class UcxEngine:
             self.on_host = (world_size > 1 and not self.in_process
                             and ucx_host.join(self._ops, self._handles, self._exchange,
                                               shared_memory, len(self.devices), self.first_rank))
-            self._op_handles = list(self._handles)
-            if slot_key is not None:
-                for i, handle in enumerate(self._handles):
-                    key = (slot_key, world_size, first_rank + i)
-                    _slots[key] = self._op_handles[i] = int(self._ops.tfdist_ucx_alias(
-                        _slots.get(key, 0), handle))
+            self._op_handles = (list(self._handles) if slot_key is None else
+                                ucx_slots.take_over(self._ops, slot_key, world_size,
+                                                    first_rank, self._handles))
 
     def shared_result_bytes(self):
         """Bytes of this machine's shared-memory results that some rank still holds.

@@ -11,20 +11,21 @@ step is discarded, the survivors form a new quorum and go on in the same process
    (a survivor may have applied it, another not: step 5 makes them equal).
 3. Agree: the survivors health-check the members, report what they found
    and how many steps they ran, and the first survivor in rank order announces
-   the new membership (`membership.agree`, in the survivor's key-value store,
-   `store.py`: TF's coordination service dies with worker 0). Fewer than
-   `min_workers` stops every survivor with an error naming the missing ones.
+   the new membership (`membership.agree`, in its key-value store, `store.py`:
+   TF's coordination service dies with worker 0). Fewer than `min_workers`
+   stops every survivor with an error naming the missing ones.
 4. Rebuild: each survivor's cross-device ops take the new world size and
    rank and make new communicators (`CrossDeviceOps.reconfigure`); Keras'
-   train, test and predict functions are traced again.
+   functions are traced again, or reused when the members are ones this worker
+   had, in the same order (`keras.elastic_steps`).
 5. Agree on state: the new rank 0 broadcasts the model's and the optimizer's
    variables, so all members hold the same weights whichever applied the failed
    step; survivors that ran fewer steps skip the difference. A new rank 0 becomes
    the chief: Keras' file-writing callbacks write from it (`keras.worker_callbacks`).
 
-Through `tfdist_ext.keras.local_input` the survivors split each global batch among
-themselves (otherwise a dead worker's shard is not trained on); the gradient is the
-mean over the members' samples. A failed test step's batch is left out of the metrics.
+Through `tfdist_ext.keras.local_input` the survivors split each global batch
+(a dead worker's shard is trained on too); the gradient is the mean over the
+members' samples. A failed test step's batch is left out of the metrics.
 
 A replacement (the dead worker's script started again with its TF_CONFIG)
 finds the members (`beacon`), asks to join and waits (`join`, `joining`); the
@@ -191,10 +192,8 @@ class Recovery:
         self.change(decision["generation"], tuple(decision["members"]))
         try:
             self.broadcast_state(variables)
-        except (tf.errors.OpError, OSError, TimeoutError) as err:
-            # A member died while this worker joined (OSError: the leader's store, where
-            # the new communicators wire up, refused). A member now: it agrees with the
-            # others, at the admission's step.
+        except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died (OSError:
+            # its store refused the wire-up); a member now, it agrees at the admission's step
             self.recover_and_share(err, decision["steps"], lambda: variables)
         log.warning("tfdist_ext: worker %d joined at step %d (epoch %d, batch %d).",
                     self.me, decision["steps"], decision["epoch"], decision["batch"])
@@ -238,10 +237,9 @@ class Recovery:
         return store.Client(self._stores[self.members[0]], check)
 
     def kv(self, leader=None):
-        """The meeting place of the members: the store of `leader` (default: the
-        first member in rank order). Same interface as `coordination.KeyValue`."""
-        leader = self.members[0] if leader is None else leader
-        return store.Client(self._stores[leader])
+        """The members' meeting place, `leader`'s store (default: the first member's);
+        the interface of `coordination.KeyValue`."""
+        return store.Client(self._stores[self.members[0] if leader is None else leader])
 
     @contextlib.contextmanager
     def on_promotion(self, callback):
@@ -283,10 +281,9 @@ class Recovery:
 
     def between_steps(self, run, alone):
         """`run()`, an eager collective outside Keras' step functions (Keras reading its
-        metrics at an epoch end); after a death in it the survivors agree and this
-        worker returns `alone()` (another survivor may have finished `run` before the
-        death: running it again would pair with that one's next collective); the next
-        step function retraces and broadcasts rank 0's state (`state_stale`)."""
+        metrics at an epoch end); after a death in it the survivors agree and this worker
+        returns `alone()` (running `run` again could pair with another survivor's next
+        collective); the next step broadcasts rank 0's state (`state_stale`)."""
         try:
             return run()
         except tf.errors.OpError as err:
@@ -300,15 +297,11 @@ class Recovery:
         return fencing.members_state(self._prefix, others, beacon.running_job)
 
     def dead_members(self, workers=None) -> Dict[int, str]:
-        """Members (or `workers`) other than this worker that do not answer
-        (`health.dead_members`)."""
+        """Members (or `workers`) but this one that do not answer (`health`)."""
         with self._lock:
             known = dict(self._reported_dead)
         return health.dead_members(self.members if workers is None else workers, self.me,
                                    self._stores, known)
-
-    def _found_dead(self, worker) -> bool:
-        return bool(self.dead_members([worker]))
 
     def recover(self, error: Exception, steps: int) -> int:
         """Goes on without the dead workers after `error` failed a training step.
@@ -326,9 +319,8 @@ class Recovery:
             handles); `membership.MembershipError` when the survivors cannot
             agree or are fewer than `min_workers`.
 
-        A member that dies during the agreement (the leader, whose store is
-        the meeting place) makes the others agree again without it, up to
-        `RECOVERY_ATTEMPTS` times, each under a new generation.
+        A member that dies during the agreement (the leader, whose store is the
+        meeting place) makes the others agree again, up to `RECOVERY_ATTEMPTS` times.
         """
         start, last = time.monotonic(), error
         for attempt in range(RECOVERY_ATTEMPTS):
@@ -358,8 +350,7 @@ class Recovery:
             try:
                 self.broadcast_state(variables())
                 return skip
-            except (tf.errors.OpError, OSError, TimeoutError) as again:
-                # Another member died during the broadcast or its communicators' wire-up.
+            except (tf.errors.OpError, OSError, TimeoutError) as again:  # another death
                 if attempt + 1 == RECOVERY_ATTEMPTS:
                     raise
                 error = again
@@ -381,7 +372,8 @@ class Recovery:
         meeting = self.kv(leader=alive[0])
         members, level = membership.agree(
             meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,
-            steps, self.options.recover_seconds, gone=self._found_dead)
+            steps, self.options.recover_seconds,
+            gone=lambda worker: bool(self.dead_members([worker])))
         self._check_enough(members, sorted(set(self.members) - set(members)))
         lost = sorted(set(self.members) - set(members))
         self.change(generation, members)
