@@ -175,6 +175,41 @@ def test_in_process_sum_shares_one_buffer_and_names_a_missing_replica():
         reduce([0, 1])
 
 
+@needs_ucx
+def test_a_function_traced_on_one_engine_runs_on_the_next_of_its_slot_key():
+    # An elastic job's generations: each engine has new communicators (its own
+    # rendezvous name) and takes over the handle slots of the key the ops were built on.
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:3]
+    first = ucx_engine.engine_for("slot-test-g1", devices, 3, 0, slot_key="slot-test")
+    current = {"engine": first}
+
+    @tf.function
+    def gather():
+        engine = current["engine"]
+        out = []
+        for i in range(3):
+            with tf.device(engine.devices[i]):
+                out.append(engine.all_gather(tf.fill([2], float(i + 1)), i))
+        return out
+
+    expected = [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    for result in gather():
+        np.testing.assert_array_equal(result.numpy(), expected)
+    current["engine"] = ucx_engine.engine_for("slot-test-g2", devices, 3, 0,
+                                              slot_key="slot-test")
+    assert current["engine"] is not first
+    for result in gather():  # not traced again: the slots address the second engine's
+        np.testing.assert_array_equal(result.numpy(), expected)
+    assert gather.experimental_get_tracing_count() == 1
+
+
+@needs_ucx
+def test_a_slot_for_an_unknown_communicator_is_refused_naming_it():
+    with tf.device("/cpu:0"), pytest.raises(tf.errors.InvalidArgumentError,
+                                            match="communicator 987654321 does not exist"):
+        ucx_ops.load().tfdist_ucx_alias(0, 987654321)
+
+
 def test_missing_library_names_the_fix(monkeypatch):
     monkeypatch.setattr(ucx_ops, "_library_path", lambda: None)
     problem = ucx_ops.problem()
