@@ -88,7 +88,8 @@ def test_a_slow_worker_still_alive_is_waited_for():
     asked = []
     members = membership.agree(shared.set, shared.get, "g", 0, (0, 1), 7, 60.0,
                                lambda worker: asked.append(worker) or False)
-    assert members == ((0, 1), 9) and asked == [1, 1]
+    # Asked each second until the report arrives (twice, or three times on a busy machine).
+    assert members == ((0, 1), 9) and set(asked) == {1} and 2 <= len(asked) <= 3
 
 
 def test_only_the_latest_request_of_a_worker_not_in_the_job_counts():
