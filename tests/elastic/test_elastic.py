@@ -290,6 +290,22 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
         assert results[killed]["accuracy"] >= uninterrupted["accuracy"] - 0.01
 
 
+def _death_during_admission(tmp_path, phase, dies, timeout):
+    """The launcher's 3-worker job in which worker 2 dies at step 10 and, while its
+    replacement is admitted, worker `dies` dies as PHASE says (tests/workers/elastic_fit.py):
+    every worker's result, once the job ended well with each dead worker started again
+    once, identical weights, and the replacement still its first process."""
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", phase],
+                          options=["--elastic"], timeout=timeout, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert out.count("worker 2 starts again") == 1, out[-4000:]
+    assert out.count(f"worker {dies} starts again") == 1, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert len({r["sha"] for r in results}) == 1
+    assert results[2]["pid_start"] == results[2]["pid_end"]
+    return results
+
+
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
@@ -298,14 +314,7 @@ def test_a_member_dying_while_a_replacement_joins_leaves_the_replacement_running
     # it and wired up with it, before the state broadcast. Worker 0 and the replacement
     # agree without it (the replacement is a member by then) instead of the replacement
     # failing too (it used to exit with the broadcast's error and be started again).
-    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", "admission"],
-                          options=["--elastic"], timeout=240, extra_env={"WAIT_REJOIN": "1"})
-    assert code == 0, out[-4000:]
-    assert out.count("worker 2 starts again") == 1, out[-4000:]
-    assert out.count("worker 1 starts again") == 1, out[-4000:]
-    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
-    assert len({r["sha"] for r in results}) == 1
-    assert results[2]["pid_start"] == results[2]["pid_end"]
+    results = _death_during_admission(tmp_path, "admission", 1, timeout=240)
     assert [f["dead"] for f in results[2]["failures"]] == [[1]], results[2]["failures"]
     assert [f["dead"] for f in results[0]["failures"]] == [[2], [1]], results[0]["failures"]
     assert results[0]["members"] == [0, 2, 1]
@@ -320,14 +329,7 @@ def test_the_leader_dying_while_a_replacement_joins_costs_seconds_not_the_recove
     # replacement wires up in, dies before that wire-up. The replacement's wire-up is
     # refused: it agrees with worker 1 as a member (it used to crash, and worker 1, which
     # had found it alive, waited out Elastic.recover_seconds, 60 s, for its report).
-    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", "admission-leader"],
-                          options=["--elastic"], timeout=300, extra_env={"WAIT_REJOIN": "1"})
-    assert code == 0, out[-4000:]
-    assert out.count("worker 2 starts again") == 1, out[-4000:]
-    assert out.count("worker 0 starts again") == 1, out[-4000:]
-    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
-    assert len({r["sha"] for r in results}) == 1
-    assert results[2]["pid_start"] == results[2]["pid_end"]
+    results = _death_during_admission(tmp_path, "admission-leader", 0, timeout=300)
     assert [f["dead"] for f in results[2]["failures"]] == [[0]], results[2]["failures"]
     assert [f["dead"] for f in results[1]["failures"]] == [[2], [0]], results[1]["failures"]
     killed = float((tmp_path / "leader_killed.txt").read_text())

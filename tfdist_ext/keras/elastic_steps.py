@@ -263,9 +263,9 @@ def _batches_per_call(model):
 
 def _retrace(model):
     """Keras' functions for the new membership (the ones a running `fit` or `evaluate`
-    calls again at once; the others when next used): those made before for its
-    world size and this worker's rank (`_Functions`), else new ones, traced at
-    their first call."""
+    calls again at once; the others when next used): those made before for the same
+    members in the same order (`_Functions`), else new ones, traced at their first
+    call."""
     model.predict_function = None
     functions = _functions.setdefault(model, _Functions())
     key = _membership(model.distribute_strategy)
