@@ -144,9 +144,10 @@ void Comm::Loop() {
     if (error.empty()) Aborted(born_, &error);  // a job not started yet: nothing to retain
     if (error.empty()) {
       tsl::profiler::TraceMe trace([&] { return job.name; });
-      if (job.host_sum)
-        error = host_enabled_ ? host_group_->AllReduce(job, &result)
-                              : "a shared-memory all-reduce on a communicator outside a host group";
+      // A host sum runs its plan where this generation's ranks share no memory (every
+      // rank of a generation decides alike): functions traced for another one still run.
+      if (job.host_sum && host_enabled_)
+        error = host_group_->AllReduce(job, &result);
       else if (!job.in_process)
         error = Run(job, next_seq_++);
       else if (local_group_ == nullptr)

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace tfdist_ucx {
 
@@ -21,10 +22,14 @@ class HandleTable {
     return handle;
   }
 
-  // Makes `handle` (one `Add` returned) address `object` instead.
+  // Makes `handle` (one `Add` returned) address `object` instead; the object it
+  // addressed is released outside the lock (its destructor may wait).
   void Put(int64_t handle, std::shared_ptr<T> object) {
-    std::lock_guard<std::mutex> lock(mu_);
-    objects_[handle] = std::move(object);
+    std::shared_ptr<T> previous;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      previous = std::exchange(objects_[handle], std::move(object));
+    }
   }
 
   // Null when there is no such handle.

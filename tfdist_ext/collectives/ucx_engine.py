@@ -278,9 +278,11 @@ class UcxEngine:
         return isinstance(algorithm, str) and self._host_sum_fits(flat)
 
     def _host_sum_fits(self, flat):
-        # Every rank a process of this machine, and big enough to beat the schedules.
+        # Big enough to beat the schedules where every rank is a process of this machine;
+        # the op runs its plan where they are not (decided per communicator at run time,
+        # so a function traced for one generation runs on the next: `ucx_slots`).
         nbytes = flat.shape.num_elements() * flat.dtype.size
-        return self.on_host and nbytes >= HOST_SUM_MIN_BYTES
+        return self.world_size > 1 and not self.in_process and nbytes >= HOST_SUM_MIN_BYTES
 
     def all_reduce(self, flat, local_index, algorithm, label=None):
         """Sums the 1-D `flat` over all ranks with `algorithm`'s schedule.
@@ -295,9 +297,9 @@ class UcxEngine:
         label = label or f"tfdist/{algorithm}"
         if self._sums_in_process(algorithm):
             return self._run(flat, local_index, [0], label, in_process=True)
-        if self._sums_on_host(algorithm, flat):
-            return self._run(flat, local_index, [0], label, host_sum=True)
-        return self._run(flat, local_index, self._plan("all_reduce", algorithm, rank, n), label)
+        plan = self._plan("all_reduce", algorithm, rank, n)
+        return self._run(flat, local_index, plan, label,
+                         host_sum=self._sums_on_host(algorithm, flat))
 
     def all_gather(self, flat, local_index, label="tfdist/allgather"):
         """Concatenates every rank's 1-D `flat` (equal lengths) in rank order."""
@@ -348,11 +350,9 @@ class UcxEngine:
         if self.world_size == 1 or n == 0:
             return flat
         rank = self.first_rank + local_index
-        if self._host_sum_fits(flat):  # faster than the ring on one host
-            summed = self._run(flat, local_index, [0], label, host_sum=True)
-        else:
-            summed = self._run(flat, local_index, self._plan("reduce_scatter", None, rank, n),
-                               label)
+        # Shared memory, where it is on, sums the whole buffer: faster than the ring.
+        summed = self._run(flat, local_index, self._plan("reduce_scatter", None, rank, n),
+                           label, host_sum=self._host_sum_fits(flat))
         return summed[rank * n:(rank + 1) * n]
 
     def broadcast(self, flat, local_index, root=0, label="tfdist/broadcast"):
@@ -374,7 +374,7 @@ class UcxEngine:
         rank = self.first_rank + local_index
         in_process = self._sums_in_process(algorithm) and n > 0
         host_sum = self._sums_on_host(algorithm, flat) and n > 0
-        plan = ([0] if self.world_size == 1 or n == 0 or in_process or host_sum
+        plan = ([0] if self.world_size == 1 or n == 0 or in_process
                 else self._plan("all_reduce", algorithm, rank, n))
         with tf.device(self.devices[local_index]):
             return self._ops.tfdist_ucx_start(

@@ -105,13 +105,18 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone):
 
 
 def _report(kv_get, key, deadline, gone):
-    """The report under `key`, or None when the deadline passed or `gone()` said so."""
+    """The report under `key`, or None when the deadline passed or `gone()` said so.
+
+    A failed read of the store (a reset connection) is tried again until the
+    deadline, as a read that found nothing is.
+    """
     while True:
-        left = deadline - time.monotonic()
+        began = time.monotonic()
         try:
-            return json.loads(kv_get(key, max(min(left, CHECK_SECONDS), 0.001)))
-        except (TimeoutError, KeyError):
-            if left <= CHECK_SECONDS or gone():
-                return None
-        except Exception:  # pylint: disable=broad-except  (silent: not a member)
+            return json.loads(kv_get(key, max(min(deadline - began, CHECK_SECONDS), 0.001)))
+        except ValueError:  # not a report: not a member
             return None
+        except Exception:  # pylint: disable=broad-except  (nothing read yet)
+            if deadline - time.monotonic() <= 0 or gone():
+                return None
+            time.sleep(max(0.0, min(0.1 - (time.monotonic() - began), 0.1)))  # no spinning
