@@ -5,6 +5,7 @@ and OUT/steps-PID.txt that bench/elastic.py writes), so that a report can be
 made again from a kept `--root` without training.
 """
 
+import bisect
 import json
 import os
 import statistics
@@ -89,12 +90,18 @@ def summarize_random(args, whole, broken, kills, codes, out):
     times = [[float(t) - began for t in path.read_text().split()]
              for path in sorted(out.glob("steps-*.txt"))]
     pauses = admission_pauses([j["time"] - began for j in joins], times)
+    sizes = sorted((c["time"] - began, len(c["members"])) for c in changes.values())
+    pace = own_pace(times, sizes, args.workers)
     parts = {}
     for e in events:  # the members' own account of each admission's pause
         if e["event"] == "join" and "pause" in e["change"]:
             parts.setdefault(e["change"]["generation"], e["change"]["pause"])
     return {
         "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
+        # Against the job's own pace at full size (a twin run at another time can meet
+        # another machine): kept steps over what that pace runs in the job's time.
+        "goodput_own_pace": None if pace is None else (total - lost) * pace / (ended - began),
+        "own_pace_step_seconds": pace,
         "failures_recorded": len(all_failures), "seconds": ended - began,
         "identical_weights": len({r.get("sha") for r in broken.values()}) == 1,
         "kill_times": [when - began for _, when in kills],
@@ -126,6 +133,23 @@ def summarize_random(args, whole, broken, kills, codes, out):
                                                    for c in reference["curve"]]),
                        "with_failures": step_rate(*times)},
     }
+
+
+def own_pace(processes, sizes, workers, margin=4.0):
+    """The mean seconds per step while the job ran at full size: over every process's
+    consecutive steps (seconds from the fit's start) taken with `workers` members and
+    at least `margin` seconds from any membership change (`sizes`: (time, members)
+    in time order); None if there are none."""
+    times = [t for t, _ in sizes]
+    gaps = []
+    for steps in processes:
+        for a, b in zip(steps, steps[1:]):
+            i = bisect.bisect_right(times, a) - 1
+            size = workers if i < 0 else sizes[i][1]
+            near = bisect.bisect_left(times, a - margin) < bisect.bisect_right(times, b + margin)
+            if size == workers and not near:
+                gaps.append(b - a)
+    return sum(gaps) / len(gaps) if gaps else None
 
 
 def median_step(processes):

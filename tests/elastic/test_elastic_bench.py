@@ -60,6 +60,7 @@ def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     assert report["goodput"] == pytest.approx(kept * report["uninterrupted"]["seconds"]
                                               / report["with_failures"]["seconds"])
     assert 0 < report["goodput"] < 2 and report["step_rates"]["with_failures"]
+    assert 0 < report["goodput_own_pace"] < 2 and 0 < report["own_pace_step_seconds"] < 1
     # The members' pause at the replacement's admission, beyond a typical step.
     (pause,) = report["admission_pauses"]
     assert 0 < pause < 30 and 0 < report["median_step_seconds"] < 1
