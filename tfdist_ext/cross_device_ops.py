@@ -126,11 +126,14 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         through `kv` as in `engines.Engines`). Functions traced before for
         another world size or rank must be traced again; those traced for this
         one run on the new communicators once they are wired up
-        (`collective_engine()`).
+        (`collective_engine()`). The previous generation's communicators are
+        destroyed.
         """
         self._worker_index = worker_index
         self._group_size = num_workers * len(self._devices)
+        previous = self.engines
         self._make_parts(self._engine_role, kv, generation)
+        previous.close()
 
     @property
     def devices(self) -> tuple:

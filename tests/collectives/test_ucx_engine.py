@@ -198,9 +198,40 @@ def test_a_function_traced_on_one_engine_runs_on_the_next_of_its_slot_key():
     current["engine"] = ucx_engine.engine_for("slot-test-g2", devices, 3, 0,
                                               slot_key="slot-test")
     assert current["engine"] is not first
-    for result in gather():  # not traced again: the slots address the second engine's
+    first.close()  # its communicators are gone: the slots must address the second's
+    for result in gather():  # not traced again
         np.testing.assert_array_equal(result.numpy(), expected)
     assert gather.experimental_get_tracing_count() == 1
+
+
+def _threads():
+    with open("/proc/self/status", encoding="ascii") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def test_closing_an_engine_frees_its_threads_and_empties_its_slots():
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+
+    @tf.function
+    def gather(engine):  # one trace per engine: ranks must run at once
+        out = []
+        for i in range(2):
+            with tf.device(engine.devices[i]):
+                out.append(engine.all_gather(tf.fill([1], float(i)), i))
+        return out
+
+    engine = ucx_engine.engine_for("close-test-g0", devices, 2, 0, slot_key="close-test")
+    before = _threads()
+    for generation in range(1, 9):
+        engine.close()
+        with pytest.raises(tf.errors.FailedPreconditionError, match="does not exist"):
+            gather(engine)  # an op on an emptied slot fails naming it
+        engine = ucx_engine.engine_for(f"close-test-g{generation}", devices, 2, 0,
+                                       slot_key="close-test")
+        for result in gather(engine):
+            np.testing.assert_array_equal(result.numpy(), [0.0, 1.0])
+    assert _threads() <= before + 2  # 8 engines made and 7 closed: 2 threads each otherwise
+    engine.close()
 
 
 @needs_ucx

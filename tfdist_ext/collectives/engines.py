@@ -94,6 +94,7 @@ class Engines:
         self.graph_timeout_seconds = graph_timeout_seconds
         self.role = role
         self._main = None
+        self._made = []  # UCX engines, for `close`
         self._lock = threading.Lock()
 
     def check(self, allreduce):
@@ -136,9 +137,22 @@ class Engines:
             name = (f"{role}{first_instance_key or ''}-{self.world_size}x{len(self.devices)}"
                     f"-t{timeout:g}")
             rendezvous = name if self.generation is None else f"{name}-g{self.generation}"
-            return ucx_engine.engine_for(rendezvous, self.devices, self.world_size,
+            made = ucx_engine.engine_for(rendezvous, self.devices, self.world_size,
                                          self.first_rank, slot_key=name,
                                          timeout_seconds=timeout, kv=self.kv)
+            self._made.append(made)
+            return made
         return graph_engine.GraphEngine(
             self.devices, self.world_size, self.first_rank, self.pair_group_key_base,
             timeout_seconds=self.graph_timeout_seconds, first_instance_key=first_instance_key)
+
+    def close(self):
+        """Destroys the UCX communicators of an elastic generation's engines
+        (`UcxEngine.close`) once the next generation's engines replace them;
+        a job that is not elastic keeps its engines for the process's life."""
+        if self.generation is None:
+            return
+        with self._lock:
+            made, self._made, self._main = self._made, [], None
+        for engine in dict.fromkeys(made):
+            engine.close()

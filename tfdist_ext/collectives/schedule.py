@@ -164,3 +164,17 @@ def all_schedules(algorithm, world_size: int,
     """The schedules of every rank, in rank order."""
     fn = schedule_fn(algorithm)
     return tuple(fn(world_size, rank, num_elements) for rank in range(world_size))
+
+
+def encode(schedule: Schedule) -> list:
+    """The flat int list a UCX engine's op reads.
+
+    ``[rounds, (steps, (kind, peer, start, stop)*)*]``, where kind is 0 for a send, 1 for a receive that adds, 2 for one that overwrites.
+    """
+    flat = [len(schedule.rounds)]
+    for round_ in schedule.rounds:
+        flat.append(len(round_))
+        for step in round_:
+            kind = 0 if isinstance(step, Send) else (1 if step.reduce else 2)
+            flat += [kind, step.peer, step.start, step.stop]
+    return flat

@@ -73,30 +73,15 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, coordination
 from tfdist_ext.collectives import gather, ucx_host, ucx_slots
-from tfdist_ext.collectives.schedule import Schedule, Send, schedule_fn
+from tfdist_ext.collectives.schedule import encode, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
-SEND, RECV_REDUCE, RECV_COPY = 0, 1, 2
 SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
-
-
-def encode(schedule: Schedule) -> list:
-    """Flat int list the op reads: ``[rounds, (steps, (kind, peer, start, stop)*)*]``.
-
-    kind is 0 for a send, 1 for a receive that adds, 2 for one that overwrites.
-    """
-    flat = [len(schedule.rounds)]
-    for round_ in schedule.rounds:
-        flat.append(len(round_))
-        for step in round_:
-            kind = SEND if isinstance(step, Send) else (RECV_REDUCE if step.reduce else RECV_COPY)
-            flat += [kind, step.peer, step.start, step.stop]
-    return flat
 
 
 def abort(reason: str, later: bool = True):
@@ -208,6 +193,20 @@ class UcxEngine:
             self._op_handles = (list(self._handles) if slot_key is None else
                                 ucx_slots.take_over(self._ops, slot_key, world_size,
                                                     first_rank, self._handles))
+
+    def close(self):
+        """Destroys this engine's communicators (their threads and shared memory) and
+        empties the handle slots that address them; `engine_for` makes a new
+        engine for its name. For an engine no op will run on again, such as an
+        elastic job's earlier generation once the next one is made."""
+        with _engines_lock:
+            if _engines.get(self.name) is self:
+                del _engines[self.name]
+        with _compat.init_scope(), tf.device("/cpu:0"):
+            ucx_slots.release(self._ops, self._handles)
+            for handle in self._handles:
+                self._ops.tfdist_ucx_destroy(handle)
+        self._handles = []
 
     def shared_result_bytes(self):
         """Bytes of this machine's shared-memory results that some rank still holds.

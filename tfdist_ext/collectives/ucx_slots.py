@@ -11,6 +11,7 @@ newest communicators without tracing again.
 """
 
 _slots = {}  # (key, world size, rank) -> the slot handle
+_owners = {}  # (key, world size, rank) -> the communicator handle the slot addresses
 
 
 def take_over(ops, key, world_size, first_rank, handles):
@@ -20,5 +21,17 @@ def take_over(ops, key, world_size, first_rank, handles):
     for i, handle in enumerate(handles):
         where = (key, world_size, first_rank + i)
         _slots[where] = int(ops.tfdist_ucx_alias(_slots.get(where, 0), handle))
+        _owners[where] = int(handle)
         slots.append(_slots[where])
     return slots
+
+
+def release(ops, handles):
+    """Empties the slots that address one of `handles` (communicators about to be
+    destroyed), so that they do not keep them alive; the slot handles stay
+    valid: the next `take_over` of their key fills them again. An op run on an
+    empty slot fails, naming it."""
+    for where, owner in list(_owners.items()):
+        if owner in handles:
+            ops.tfdist_ucx_destroy(_slots[where])
+            del _owners[where]
