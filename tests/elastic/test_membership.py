@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tfdist_ext.elastic import (MembershipError, admission, beacon, fencing, health,
-                                joining, membership, store)
+from tfdist_ext.elastic import (MembershipError, admission, beacon, fencing, joining,
+                                membership, store)
 from tfdist_ext.launch import free_ports
 
 
@@ -169,12 +169,17 @@ def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
     dead = store.Store("127.0.0.1")
     dead_address = dead.address
     dead.close()
-    leads = threading.Event()
-    requests = admission.Requests(own, "p", lambda: (0, 1), leads.is_set)
     client = store.Client(own.address)
     client.set(joining.request_key("p", 2, "1"), dead_address)  # died since it asked
-    leads.set()
-    time.sleep(3 * admission.POLL_SECONDS + health.HEALTH_TIMEOUT_SECONDS)
+    looks = threading.Semaphore(0)
+
+    def leads():  # the watcher asks before it judges what it found in the store
+        looks.release()
+        return True
+
+    requests = admission.Requests(own, "p", lambda: (0, 1), leads)
+    for _ in range(2):  # the second look comes after the dead request was judged
+        assert looks.acquire(timeout=30)
     assert float(requests.flag.numpy()) == 0.0
     assert not requests.requested()
     client.set(joining.request_key("p", 2, "2"), replacement.address)  # its replacement

@@ -54,6 +54,12 @@ class Worker:
             [messages.tag(messages.PUSH, self.id, self.session)], messages.PARAMS, [0])
         return int(tags.numpy()[0]) & ((1 << messages.VALUE_BITS) - 1), replies[0].numpy()
 
+    def round_trip(self):
+        """Returns once the server has handled every message it received before this one
+        (it answers a request for its optimizer state in order)."""
+        self.mailbox.send(self.peer, messages.tag(messages.STATE, self.id, self.session))
+        self.mailbox.recv(messages.STATE_VALUES, source=0, watch=self.peer, dtype=tf.float64)
+
     def leave(self):
         self.mailbox.ops.tfdist_ps_destroy(self.mailbox.handle)
 
@@ -71,6 +77,13 @@ def server():
 
 def _gradients(rng, n):
     return [rng.normal(size=14).astype(np.float32) for _ in range(n)]
+
+
+def _wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never got there"
+        time.sleep(0.01)
 
 
 def test_sgd_with_delay_compensation_matches_numpy(server):
@@ -117,8 +130,9 @@ def test_momentum_state_lives_on_the_server_and_the_barrier_releases_everyone(se
     first = threading.Thread(target=lambda: released.setdefault(
         0, workers[0].request(messages.BARRIER)))
     first.start()
-    time.sleep(0.5)
-    assert 0 not in released  # waits for worker 1
+    _wait_until(lambda: ps.barrier or 0 in released)  # worker 0's barrier arrived
+    workers[1].round_trip()
+    assert len(ps.barrier) == 1 and 0 not in released  # it waits for worker 1
     _, final = workers[1].request(messages.BARRIER)
     first.join(timeout=10)
     np.testing.assert_array_equal(released[0][1], final)
@@ -142,11 +156,13 @@ def test_staleness_bound_defers_the_fast_worker(server):
     second = {}
     fast = threading.Thread(target=lambda: second.setdefault("reply", workers[0].push(g[1])))
     fast.start()
-    time.sleep(0.5)
-    assert "reply" not in second  # workers 1 and 2 would fall beyond the bound
+    _wait_until(lambda: ps.pending or ps.session.admission.version > 1)  # the push arrived
+    workers[1].round_trip()
+    # Held: workers 1 and 2 would fall beyond the bound.
+    assert len(ps.pending) == 1 and ps.session.admission.version == 1
     assert workers[1].push(g[2])[0] == 1
-    time.sleep(0.3)
-    assert "reply" not in second  # worker 2 still would
+    workers[1].round_trip()
+    assert len(ps.pending) == 1 and ps.session.admission.version == 2  # worker 2 still would
     staleness, w = workers[2].push(g[3])
     assert staleness == 2
     fast.join(timeout=10)

@@ -1,9 +1,12 @@
-"""Sync policy configuration: names, defaults and bad input."""
+"""Sync policy configuration: names, defaults, bad input and the compressors each takes."""
 
+import numpy as np
 import pytest
 
 import tfdist_ext
 from tfdist_ext import sync
+from tests.sync import reference
+from tests.sync.harness import FEATURES, LR, fit
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -48,10 +51,24 @@ def test_in_flight_rounds_refuse_compressors_that_need_more_than_one_all_reduce(
         tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
 
 
-@pytest.mark.parametrize("policy", ["stale_synchronous", "delayed_averaging"])
-@pytest.mark.parametrize("compression", ["fp16", "bf16", "randomk"])
-def test_in_flight_rounds_take_reducible_compressors(policy, compression):
-    tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
+# test_policies_replicas.py trains delayed averaging with fp16 and stale-synchronous
+# training with random-k. The tolerances are about 4 times the compressors' error here.
+@pytest.mark.parametrize("policy, compression, payload, atol", [
+    ("stale_synchronous", "bf16", (FEATURES, "bfloat16"), 3e-3),
+    ("delayed_averaging", {"name": "randomk", "ratio": 0.4}, (2, "float32"), 3e-2),
+], ids=["stale_synchronous-bf16", "delayed_averaging-randomk"])
+def test_in_flight_rounds_send_reducible_payloads_and_train_like_dense_rounds(
+        policy, compression, payload, atol):
+    steps, lag = 4, 2
+    w0, _, final, strategy, rows = fit(policy, steps, compression=compression)
+    stats = strategy.communication_stats()
+    ops = strategy.extended.cross_device_ops
+    assert stats["sync_rounds"] == stats["reductions"] == steps
+    assert stats["bytes_sent"] == steps * ops.dense_wire_bytes(*payload)
+    assert stats["dense_bytes"] == steps * ops.dense_wire_bytes(FEATURES, "float32")
+    np.testing.assert_array_equal(final[0], final[1])
+    _, dense = getattr(reference, policy)(w0, rows, steps, 2, LR, lag)
+    np.testing.assert_allclose(final[0], dense, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("policy", ["model_averaging"])
@@ -65,10 +82,24 @@ def test_policies_that_do_not_reduce_gradients_each_step_refuse_compression(poli
         tfdist_ext.Strategy(sync=policy, compression=compression, num_replicas=2)
 
 
-def test_synchronous_accepts_every_compressor():
-    tfdist_ext.Strategy(sync="sync", compression="topk", num_replicas=2)
-
-
-@pytest.mark.parametrize("compression", ["topk", "qsgd", "fp16", "powersgd"])
-def test_local_sgd_accepts_compressors_of_its_parameter_changes(compression):
-    tfdist_ext.Strategy(sync="local_sgd", compression=compression, num_replicas=2)
+# topk: test_policies_replicas.py; powersgd: test_sync_workers.py (both train).
+@pytest.mark.parametrize("compression, payload, atol", [
+    ("fp16", (FEATURES, "float16"), 5e-4), ("qsgd", None, 0.15)], ids=["fp16", "qsgd"])
+def test_local_sgd_rounds_send_compressed_changes_and_train_like_dense_rounds(
+        compression, payload, atol):
+    steps, period = 4, 2
+    w0, history, final, strategy, rows = fit(sync.LocalSGD(period=period), steps,
+                                             compression=compression)
+    stats = strategy.communication_stats()
+    ops = strategy.extended.cross_device_ops
+    rounds = steps // period
+    assert stats["sync_rounds"] == stats["reductions"] == rounds
+    dense_bytes = rounds * ops.dense_wire_bytes(FEATURES, "float32")
+    assert stats["dense_bytes"] == dense_bytes
+    if payload:
+        assert stats["bytes_sent"] == rounds * ops.dense_wire_bytes(*payload)
+    assert 0 < stats["bytes_sent"] < dense_bytes
+    for t in range(period - 1, steps, period):
+        np.testing.assert_array_equal(history[t][0], history[t][1])
+    dense = reference.local_sgd(w0, rows, steps, 2, LR, period)[-1][0]
+    np.testing.assert_allclose(final[0], dense, rtol=0, atol=atol)
