@@ -26,9 +26,80 @@ LAYERS = (
 KNOWN_UPWARD = {
     ("strategy", "keras"): "Strategy installs the Keras patches and makes the fit callbacks",
     ("early", "keras"): "a TF_CONFIG job's import-time set-up seeds Keras' data loaders",
-    ("launch", "early"): "the launcher releases an early TF_CONFIG set-up of its own",
-    ("launch", "elastic"): "the launcher reads the elastic environment variable and delay",
 }
+
+_SPMD = "the same sequence on every worker (SPMD), so their exchange keys match"
+_ZERO = "a sharded optimizer's links to its replicas' parts (zero_stage), weak: they go with it"
+# Module-level mutable state (issue 53), "module:name" -> what it is and why it is
+# per process; `test_no_module_state_beyond_the_known` says what counts.
+KNOWN_STATE = {
+    "tfdist_ext._compat:_elastic_context":
+        "[True] once TF's one eager context was configured for elastic replacements",
+    "tfdist_ext.collectives.calibration:_BROADCASTS":
+        "each cross-device ops' traced broadcast of calibration values, weak: traced once",
+    "tfdist_ext.collectives.ucx_engine:_engines":
+        "rendezvous name -> UCX engine: TF's deep copies of the cross-device ops share it",
+    "tfdist_ext.collectives.ucx_slots:_slots":
+        "(key, world size, rank) -> slot handle: functions traced for an earlier "
+        "membership run on this process's newest communicators",
+    "tfdist_ext.distribution:_installed":
+        "whether keras.distribution's TF backend was installed into Keras (once a process)",
+    "tfdist_ext.distribution.activation:_strategies":
+        "replica count -> the Strategy made for a distribution: a multi-worker strategy "
+        "can be made once a process",
+    "tfdist_ext.elastic.beacon:_answers":
+        "strategy key prefix -> its state, answered on the worker's one UDP port",
+    "tfdist_ext.elastic.beacon:_socket": "that UDP socket, bound to the worker's port once",
+    "tfdist_ext.elastic.beacon:_found":
+        "what a replacement heard at import (early.prepare), for the strategies it makes later",
+    "tfdist_ext.horovod._collectives:_QuietEagerRun.local":
+        "per thread: TF's eager-overhead warning is hidden during our own calls only",
+    "tfdist_ext.horovod._runtime:_STATE":
+        "hvd.init()'s topology, options and Strategy: Horovod's API is module functions",
+    "tfdist_ext.keras.elastic_steps:_progress":
+        "model -> its steps done per phase, across membership changes; weak",
+    "tfdist_ext.keras.elastic_steps:_functions":
+        "model -> its step functions per membership, reused after a change; weak",
+    "tfdist_ext.keras.fit_callbacks:_kept":
+        "strategy -> the callbacks (and their state) fit adds, kept between fits; weak",
+    "tfdist_ext.keras.fit_hooks:_fits": "numbers this process's fit calls, " + _SPMD,
+    "tfdist_ext.keras.job_profile:_profiled":
+        "one profile a process (tfdist-run --profile): the first fit that reaches step A",
+    "tfdist_ext.keras.loader_seeds:_installed": "Keras' dataset loaders are wrapped once",
+    "tfdist_ext.keras.local_input:_agreements": "numbers the input agreements, " + _SPMD,
+    "tfdist_ext.keras.local_input:_chosen":
+        "distributed dataset -> the dataset Keras iterates in its place; weak",
+    "tfdist_ext.keras.moved_momentum:_moved":
+        "id() of the optimizers whose momentum a running fit moved into the compressor",
+    "tfdist_ext.keras.moved_momentum:_logged": "the strategies that logged that move; weak",
+    "tfdist_ext.keras.patch_check:_reports":
+        "the check of Keras' and TF's patched signatures, made and warned about once",
+    "tfdist_ext.keras.patches:_installed": "Keras' classes are patched once a process",
+    "tfdist_ext.keras.preemption:_stops": "numbers the preemption stops, " + _SPMD,
+    "tfdist_ext.keras.saving:_cluster":
+        "the first multi-worker strategy and save counts, for the process-wide save wrappers",
+    "tfdist_ext.keras.saving:_fitting": "per thread: whether it runs inside fit",
+    "tfdist_ext.keras.uneven:_step":
+        "per thread: replica threads trace the step concurrently, each with its share",
+    "tfdist_ext.keras.worker_callbacks:_ends": "numbers the backup-and-restore ends, " + _SPMD,
+    "tfdist_ext.keras.xla:_tracing": "per thread: whether it traces a step for XLA",
+    "tfdist_ext.liveness:_watcher":
+        "the process's one peer watcher (a thread, heartbeats), shared by its strategies",
+    "tfdist_ext.startup:_import_watch":
+        "the watch a TF_CONFIG job starts at import, until the first op or a Strategy",
+    "tfdist_ext.strategy:Strategy._key_counter":
+        "numbers the strategies: each takes its own range of collective keys",
+    "tfdist_ext.sync.asynchronous:_sessions": "numbers the async strategies, in creation order",
+    "tfdist_ext.sync.momentum:_active":
+        "id(SGD) -> the user's momentum and open blocks: nested blocks restore it once",
+    **{f"tfdist_ext.zero.shards:{name}": _ZERO
+       for name in ("_replicas", "_replica_optimizers", "_slots", "_kinds", "_unshared",
+                    "_layouts", "_pending")},
+}
+# Calls that make a mutable object, by the called name (`collections.deque()` too).
+_MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict",
+                  "Counter", "deque", "ChainMap", "local", "WeakKeyDictionary",
+                  "WeakValueDictionary", "WeakSet", "count"}
 
 
 def test_no_two_modules_share_a_basename():
@@ -89,3 +160,73 @@ def test_the_launcher_does_not_import_tensorflow_or_keras():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def _is_mutable(value) -> bool:
+    """Whether an assigned value is a mutable container, counter or thread-local."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                          ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        func = value.func
+        return (func.attr if isinstance(func, ast.Attribute)
+                else getattr(func, "id", "")) in _MUTABLE_CALLS
+    return False
+
+
+def _is_registry(name, value) -> bool:
+    func = getattr(value, "func", None)
+    return (name.endswith("_REGISTRY")
+            or (func is not None and (getattr(func, "id", "") == "Registry"
+                                      or getattr(func, "attr", "") == "Registry")))
+
+
+def _module_state(tree):
+    """{name} of one module's state (see `test_no_module_state_beyond_the_known`)."""
+    found, bound = set(), set()
+    scopes = [(node, "") for node in tree.body]
+    scopes += [(node, f"{top.name}.") for top in tree.body if isinstance(top, ast.ClassDef)
+               for node in top.body]
+    for node, prefix in scopes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for name in (t.id for t in targets if isinstance(t, ast.Name)):
+                bound.add(prefix + name)
+                if (_is_mutable(node.value) and name != "__all__"
+                        and not _is_registry(name, node.value)):
+                    found.add(prefix + name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.update(node.names)
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                   else [])
+        found.update(t.value.id for t in targets
+                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                     and t.value.id in bound)
+    return found
+
+
+def test_no_module_state_beyond_the_known():
+    """Module-level mutable state is listed in KNOWN_STATE, each with its reason.
+
+    State is, in any tfdist_ext module: a module-level (or top-level class-level)
+    name bound to a dict, list or set literal or comprehension, or to a call of
+    `dict`, `list`, `set`, `bytearray`, `collections.*`, `threading.local`,
+    `weakref.Weak*` or `itertools.count`; a name a function declares `global`;
+    and a module-level object whose attributes a function assigns
+    (``_STATE.strategy = ...``). Allowed by rule, so not listed: registries (a
+    `registry.Registry` instance, or a name ending in ``_REGISTRY``), `__all__`,
+    and immutable constants (tuples, frozensets, strings, numbers,
+    `types.MappingProxyType`), loggers, compiled patterns and locks (a lock
+    holds no data; the state it guards is listed).
+    """
+    state = set()
+    for path in (ROOT / "tfdist_ext").rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        state.update(f"{module}:{name}" for name in _module_state(tree))
+    assert sorted(state - set(KNOWN_STATE)) == [], (
+        "new module state: make it per object, or list it in KNOWN_STATE with a reason")
+    assert sorted(set(KNOWN_STATE) - state) == [], "gone: strike them from KNOWN_STATE"

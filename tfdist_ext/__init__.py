@@ -15,6 +15,7 @@ without importing TensorFlow.
 
 import importlib
 import os
+import types
 
 # Quiet TF's C++ INFO lines unless the user asked for them (must precede TF import).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -31,7 +32,8 @@ if os.environ.get("TF_CONFIG"):
 
 _SUBMODULES = ("bucketing", "cluster", "cluster_env", "collectives", "compression",
                "distribution", "early", "elastic", "keras", "launch", "ops", "ps", "sync")
-_ATTRIBUTES = {"Strategy": "tfdist_ext.strategy", "StrategyConfig": "tfdist_ext.strategy_config"}
+_ATTRIBUTES = types.MappingProxyType({"Strategy": "tfdist_ext.strategy",
+                                      "StrategyConfig": "tfdist_ext.strategy_config"})
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 
 

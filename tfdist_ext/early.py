@@ -28,6 +28,9 @@ from typing import Optional
 from tfdist_ext import startup
 from tfdist_ext.elastic import beacon
 from tfdist_ext.elastic import options as elastic_options
+# `early.release()` ends the import-time watch, which lives in `startup`: the
+# launcher releases it from there without importing this module.
+from tfdist_ext.startup import release  # pylint: disable=unused-import
 
 log = logging.getLogger("tfdist_ext")
 _POLL_SECONDS = 0.2
@@ -35,7 +38,6 @@ _LOOPBACK = ("127.", "localhost", "[::1]")
 # Seconds the chief (whose process hosts the coordination service) waits at
 # exit for the other workers to exit.
 EXIT_WAIT_SECONDS = 60.0
-_watch: Optional[startup.Watch] = None
 
 
 def prepare() -> bool:
@@ -50,7 +52,6 @@ def prepare() -> bool:
     Returns:
         Whether the context was configured.
     """
-    global _watch  # pylint: disable=global-statement
     from tfdist_ext import _compat, cluster  # pylint: disable=import-outside-toplevel
     try:
         spec = cluster.cluster_from_env()
@@ -68,7 +69,7 @@ def prepare() -> bool:
     from tfdist_ext.keras import loader_seeds  # pylint: disable=import-outside-toplevel
     loader_seeds.install(spec.worker_addresses)
     atexit.register(_finish_together, spec)
-    _watch = startup.Watch(startup.DEFAULT_SECONDS, spec)
+    startup.watch_import(spec)
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",
                      daemon=True).start()
     return True
@@ -139,14 +140,6 @@ def share_cores(spec) -> Optional[int]:
     return threads
 
 
-def release() -> None:
-    """Ends the import-time watch (a strategy's own `startup_timeout` takes over)."""
-    global _watch  # pylint: disable=global-statement
-    watch, _watch = _watch, None
-    if watch is not None:
-        watch.stop()
-
-
 def _finish_together(spec) -> None:
     """At exit, the chief (coordination leader) waits for the other workers to exit.
 
@@ -182,6 +175,6 @@ def _finish_together(spec) -> None:
 def _stop_when_joined() -> None:
     from tfdist_ext import _compat  # pylint: disable=import-outside-toplevel
     event = threading.Event()
-    while _watch is not None and not _compat.context_initialized():
+    while startup.import_watched() and not _compat.context_initialized():
         event.wait(_POLL_SECONDS)
     release()

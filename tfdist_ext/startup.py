@@ -8,7 +8,9 @@ exception reaches it and which holds the GIL, so no Python thread of the
 process can act either. `join_within` therefore watches from a small child
 process (this file run as a script, standard library only): when the cluster
 has not come together in time it prints which workers' ports do not answer and
-ends the worker with SIGKILL.
+ends the worker with SIGKILL. The watch `tfdist_ext.early` starts at import
+is kept here (`watch_import`, `release`), so the launcher can end it without
+importing TensorFlow.
 """
 
 import contextlib
@@ -19,7 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 DEFAULT_SECONDS = 600.0
 
@@ -85,6 +87,34 @@ class Watch:
         if child is not None:
             child.stdin.close()  # end of file tells the child to exit
             child.wait()
+
+
+# The watch `tfdist_ext.early.prepare` starts when a TF_CONFIG job imports
+# tfdist_ext, until the first op joins the cluster or `release` ends it.
+_import_watch: Optional[Watch] = None
+
+
+def watch_import(spec) -> None:
+    """Starts the import-time watch of a TF_CONFIG job (`DEFAULT_SECONDS`; one per process)."""
+    global _import_watch  # pylint: disable=global-statement
+    _import_watch = Watch(DEFAULT_SECONDS, spec)
+
+
+def import_watched() -> bool:
+    """Whether the import-time watch still runs."""
+    return _import_watch is not None
+
+
+def release() -> None:
+    """Ends the import-time watch, if it runs (`tfdist_ext.early.release`).
+
+    A strategy's own `startup_timeout` takes over; the launcher calls it too,
+    since a TF_CONFIG in its own environment is not its cluster.
+    """
+    global _import_watch  # pylint: disable=global-statement
+    watch, _import_watch = _import_watch, None
+    if watch is not None:
+        watch.stop()
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ width; the transport copies bytes and never does arithmetic on them);
 """
 
 import collections
+import types
 
 import tensorflow as tf
 
@@ -29,7 +30,8 @@ from tfdist_ext import _compat
 from tfdist_ext.collectives import plan as plan_lib
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
-_WIRE_DTYPES = {tf.bfloat16: tf.float16}  # broadcast kernels lack bfloat16
+# Broadcast kernels lack bfloat16.
+_WIRE_DTYPES = types.MappingProxyType({tf.bfloat16: tf.float16})
 PAIR_GROUP_KEYS = 10_000  # group keys reserved per strategy for the pair groups
 # Instance keys of the engine that times candidates in the middle of a trace
 # (`refine.py`). It needs its own: with several local replicas the trace has

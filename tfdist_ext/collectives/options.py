@@ -13,12 +13,13 @@ Accepted forms:
 import dataclasses
 import math
 import re
+import types
 from typing import Optional, Tuple
 
 from tfdist_ext.collectives.schedule import ALGORITHMS
 from tfdist_ext.registry import boolean, positive_int, seconds
 
-_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+_UNITS = types.MappingProxyType({"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30})
 _BOUND = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*$", re.IGNORECASE)
 
 def available_algorithms() -> Tuple[str, ...]:

@@ -5,12 +5,10 @@ import math
 import os
 from typing import Optional
 
-VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run --elastic`)
-# A replacement started sooner after the death than the survivors notice it
-# (about a second) answers their health checks in the dead one's place; it is
-# taken in later all the same, but the survivors' failed step would be blamed
-# on nobody. `tfdist-run --elastic` waits this long before starting one.
-REPLACEMENT_DELAY_SECONDS = 2.0
+# TFDIST_ELASTIC and the launcher's wait before it starts a replacement, here for
+# the workers; `tfdist-run` reads them from `launch.elastic_env`, free of TensorFlow.
+from tfdist_ext.launch.elastic_env import (  # pylint: disable=unused-import
+    REPLACEMENT_DELAY_SECONDS, VARIABLE)
 
 
 @dataclasses.dataclass(frozen=True)

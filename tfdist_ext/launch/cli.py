@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 
-from tfdist_ext import early
+from tfdist_ext import startup
 from tfdist_ext.launch import linkspec, netbed, output, profiling
 from tfdist_ext.launch.launcher import Launcher
 
@@ -212,7 +212,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    early.release()  # a TF_CONFIG in the launcher's own environment is not its cluster
+    startup.release()  # a TF_CONFIG in the launcher's own environment is not its cluster
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS
-from tfdist_ext.elastic.options import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.addresses import free_ports, tf_configs
+from tfdist_ext.launch.elastic_env import REPLACEMENT_DELAY_SECONDS
+from tfdist_ext.launch.elastic_env import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.output import Output
 
 EXIT_TIMEOUT = 124

@@ -1,10 +1,11 @@
 """Parsing of the launcher's link options: `--link-bandwidth` and `--link-latency` (pure)."""
 
 import re
+import types
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|[kmgt]i?bit|bps|[kmgt]i?bps)$")
-_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_SCALE = types.MappingProxyType({"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+                                  "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
 
 
 def parse_rate(text: str) -> float:

@@ -1,0 +1,12 @@
+"""`tfdist-run --elastic`: the variable every worker reads, and the replacement delay.
+
+Kept free of TensorFlow (the launcher does not import it); the workers' side
+is `tfdist_ext.elastic.options`, which re-exports both names.
+"""
+
+VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run --elastic`)
+# A replacement started sooner after the death than the survivors notice it
+# (about a second) answers their health checks in the dead one's place; it is
+# taken in later all the same, but the survivors' failed step would be blamed
+# on nobody. `tfdist-run --elastic` waits this long before starting one.
+REPLACEMENT_DELAY_SECONDS = 2.0
