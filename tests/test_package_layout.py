@@ -42,6 +42,9 @@ KNOWN_STATE = {
     "tfdist_ext.collectives.ucx_slots:_slots":
         "(key, world size, rank) -> slot handle: functions traced for an earlier "
         "membership run on this process's newest communicators",
+    "tfdist_ext.collectives.ucx_slots:_owners":
+        "(key, world size, rank) -> the communicator a slot addresses: closing an engine "
+        "empties only the slots it still owns",
     "tfdist_ext.distribution:_installed":
         "whether keras.distribution's TF backend was installed into Keras (once a process)",
     "tfdist_ext.distribution.activation:_strategies":
