@@ -6,7 +6,8 @@ Fast and without TensorFlow: reads README.md and docs/ only.
 * every relative Markdown link in README.md and docs/**/*.md points to an existing
   file, and a `#anchor` into a .md file to one of its headings (GitHub's slugs);
 * every docs/ page is reachable from README.md by following links;
-* docs/results/README.md names every file in docs/results/.
+* docs/results/README.md names every file in docs/results/;
+* every docs/....md#anchor that tfdist_ext/ quotes (warnings, docstrings) resolves too.
 """
 
 import collections
@@ -17,6 +18,7 @@ import urllib.parse
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+PACKAGE = ROOT / "tfdist_ext"
 RESULTS = DOCS / "results"
 README_MAX_LINES = 260
 
@@ -27,6 +29,7 @@ INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:
 REFERENCE_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, ...
+QUOTED_DOC = re.compile(r"\b((?:docs/[\w./-]+|README)\.md)(?:#([\w-]+))?")
 
 
 def _prose_lines(text, blank_code=True):
@@ -157,3 +160,26 @@ def test_results_index_names_every_results_file():
     assert not missing, ("docs/results/README.md does not name these files of docs/results/ "
                          "(add one line each: what it is and the command that wrote it):\n  "
                          + "\n  ".join(missing))
+
+
+def test_docs_the_package_quotes_resolve():
+    """Warnings and docstrings point to docs (e.g. the measured costs behind a warning in
+    docs/results.md#...): each quoted page exists and has the quoted heading."""
+    offenders = []
+    anchors = {}
+    for source in sorted(PACKAGE.rglob("*.py")):
+        text = source.read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines(), 1):
+            for match in QUOTED_DOC.finditer(line):
+                path, anchor = ROOT / match.group(1), match.group(2)
+                where = f"{_rel(source)}:{number}: {match.group(0)}"
+                if not path.is_file():
+                    offenders.append(f"{where}: no such file")
+                    continue
+                if anchor:
+                    if path not in anchors:
+                        anchors[path] = _anchors(path)
+                    if anchor.lower() not in anchors[path]:
+                        offenders.append(f"{where}: no heading with that anchor")
+    assert not offenders, ("docs quoted in tfdist_ext/ that do not resolve (paths are "
+                           "relative to the repository root):\n  " + "\n  ".join(offenders))

@@ -136,8 +136,9 @@ class Compressor:
     divergence_advice = ("add `warmup_steps` (an epoch of uncompressed steps), send more "
                          "(PowerSGD `rank`, top-k/random-k `ratio`, QSGD `levels`) or use "
                          "compression='none'")
-    #: What SGD with momentum costs under the compressor and the safer choice, where
-    #: measured (`keras.optimizer_check` warns with it when `fit` starts); "" when safe.
+    #: What SGD with momentum risks under the compressor, in words, and the safer choices
+    #: (`keras.optimizer_check` warns with it when `fit` starts, linking the measured
+    #: costs in docs/results.md); "" when measured safe.
     momentum_caution = ""
     #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
     adam_caution = ""

@@ -66,18 +66,14 @@ class PowerSGD(Compressor):
     error_feedback: bool = True
     momentum_caution = (
         "error feedback returns what rank r leaves out a step or two late, and the late "
-        "gradient adds to the optimizer's momentum: on an MLP with BatchNormalization and "
-        "Dropout (make_classification, 2 replicas, 3 seeds) rank 2 ended 3.6 points below "
-        "synchronous momentum SGD (0.5 on scikit-learn's digits); safer: compression="
-        "'adaptive' (-0.7 points there), a higher `rank` (4), or momentum 0.8 instead of 0.9 "
-        "(-0.5, 2 seeds)")
+        "gradient adds to the optimizer's momentum: at rank 2 it may end several points "
+        "below synchronous momentum SGD; safer: compression='adaptive', a higher `rank` (4), "
+        "or SGD(momentum=0.8) instead of 0.9")
     adam_caution = (
         "what rank r leaves out comes back late through error feedback, and Adam's "
-        "per-coordinate scaling magnifies the coordinates it delays: in the modes matrix "
-        "rank 2 ended 1.4-1.9 points below synchronous Adam on mnist1d and "
-        "make_classification at 2 and 4 replicas (3-6 seeds per cell; 0.8 on digits); safer: "
-        "compression='bf16' or 'int8' (within 0.3 points in every cell) or 'adaptive' "
-        "(within 0.9)")
+        "per-coordinate scaling magnifies the coordinates it delays: at rank 2 it may end a "
+        "point or two below synchronous Adam; safer: compression='bf16' or 'int8', or "
+        "'adaptive'")
 
     def __post_init__(self):
         super().__post_init__()

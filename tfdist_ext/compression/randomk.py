@@ -43,11 +43,9 @@ class RandomK(RatioCompressor):
     shared_seed = True
     caution = (
         "random-k 1% sends a random 1% of each gradient and error feedback returns the rest "
-        "about 100 steps late: at its defaults, on an MLP with BatchNormalization and Dropout"
-        " (make_classification, 2 replicas, 3 seeds), it ended 8.6 points below synchronous "
-        "SGD and 15.4 below synchronous Adam, and diverged with momentum SGD (scikit-learn's "
-        "digits: 6.5, 13.8, diverged); compression='topk' at the same ratio (within 0.5 "
-        "points with SGD) or 'adaptive' is safer")
+        "about 100 steps late: at its defaults it may end many points below synchronous SGD "
+        "and Adam, and diverge with momentum SGD; compression='topk' at the same `ratio`, or "
+        "'adaptive', is safer")
 
     def payload_spec(self, num_elements, dtype):
         return (tf.TensorSpec([self.k(num_elements)], tf.as_dtype(dtype)),)

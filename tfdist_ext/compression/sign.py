@@ -32,11 +32,10 @@ class Sign(PayloadCompressor):
     reducible = False
     momentum_caution = (
         "each value is sent as its sign, and error feedback returns the magnitude late, which"
-        " the optimizer's momentum amplifies: on an MLP with BatchNormalization and Dropout "
-        "(make_classification, 2 replicas, 3 seeds) it ended 3.4 points below synchronous "
-        "momentum SGD, and on scikit-learn's digits the loss climbed back to the chance level"
-        " (84 points below; the divergence guard stops it); with SGD and Adam it stayed "
-        "within 2 points. compression='int8' (within 1 point) is safer")
+        " the optimizer's momentum amplifies: it may end several points below synchronous "
+        "momentum SGD, and on some models the loss climbs back to the chance level (the "
+        "divergence guard stops it); it stays close with plain SGD and Adam. "
+        "compression='int8' is safer")
 
     def payload_spec(self, num_elements, dtype):
         return (tf.TensorSpec([1], tf.float32),

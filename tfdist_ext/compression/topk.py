@@ -84,29 +84,25 @@ class TopK(SparseCompressor):
     adam_caution = (
         "each value is sent a few times in a hundred steps with what accumulated meanwhile, "
         "and Adam divides these bursts by their own magnitude, so values move less than "
-        "under synchronous Adam: on an MLP with BatchNormalization and Dropout "
-        "(make_classification, 2 replicas, 3 seeds) it ended 4.7 points below synchronous "
-        "Adam (1.9 on scikit-learn's digits). compression='fp16' (+0.1 points there) or "
-        "'adaptive' (-0.1) are safer")
+        "under synchronous Adam: it may end several points below synchronous Adam. "
+        "compression='fp16' or 'adaptive' is safer")
 
     @property
     def momentum_caution(self):
-        """Measured cost with momentum SGD, with the momentum moved (the default) or not."""
+        """What momentum SGD risks, with the momentum moved (the default) or not."""
         if self.momentum:
             return ""
-        measured = ("top-k 1% against synchronous momentum SGD (2 replicas, 3 seeds; "
-                    "scikit-learn's digits, an MLP with BatchNormalization and Dropout on "
-                    "make_classification, mnist1d): ")
         if self.correct_momentum:
-            measured += ("with DGC's momentum correction taking the optimizer's momentum (the "
-                         "default) 0.0, 0.0 and 4.8 points below; with the momentum left in "
-                         "the optimizer (correct_momentum=False) 1.4, 4.0 and 1.4 below")
+            risk = ("with DGC's momentum correction taking the optimizer's momentum (the "
+                    "default) top-k keeps up on some models but may end several points below "
+                    "synchronous momentum SGD on others; leaving the momentum in the "
+                    "optimizer (correct_momentum=False) is no safer")
         else:
-            measured += ("with the momentum left in the optimizer 1.4, 4.0 and 1.4 points "
-                         "below, as error feedback's late values add to it; with DGC's "
-                         "momentum correction (correct_momentum=True) 0.0, 0.0 and 4.8 below")
-        return measured + (". compression='adaptive' (within 1.3 points on all three) or "
-                           "'int8' (within 1 point) is safer")
+            risk = ("with the momentum left in the optimizer (correct_momentum=False) "
+                    "error feedback's late values add to it and top-k may end several points "
+                    "below synchronous momentum SGD; DGC's momentum correction "
+                    "(correct_momentum=True, the default) closes that on some models")
+        return risk + ". compression='adaptive' or 'int8' is safer"
 
     def _select(self, flat, k, seed):
         return ops.top_k(flat, k)

@@ -5,12 +5,13 @@ papers. Some of them cost accuracy with SGD + momentum, the optimizer most
 scripts bring: stale gradients and late error-feedback residuals add to the
 momentum (Mitliagkas, Zhang, Hadjis, Ré, "Asynchrony begets momentum, with an
 application to deep learning", 2016). Each `SyncPolicy` and `Compressor` states
-what it costs with momentum SGD, and the safer choice, in `momentum_caution`
-("" when measured safe), with Adam-like optimizers in `adam_caution`, and with
-any optimizer in `caution` (said in place of the other two); the optimizer is
-known only once the model is compiled, so `OptimizerCheck` (added first to
-`fit`'s callbacks by `Strategy.fit_callbacks`) warns at `on_train_begin`,
-before the first step, once per strategy.
+in words what it risks with momentum SGD, and the safer choices, in
+`momentum_caution` ("" when measured safe), with Adam-like optimizers in
+`adam_caution`, and with any optimizer in `caution` (said in place of the other
+two); every warning links to the figures, `RESULTS` in docs/results.md. The
+optimizer is known only once the model is compiled, so `OptimizerCheck` (added
+first to `fit`'s callbacks by `Strategy.fit_callbacks`) warns at
+`on_train_begin`, before the first step, once per strategy.
 """
 
 import logging
@@ -24,13 +25,16 @@ from tfdist_ext.sync import local_sgd, lr_scaling
 
 log = logging.getLogger("tfdist_ext")
 
+#: Where the measured costs behind the warnings are, with the settings they were measured in.
+RESULTS = "docs/results.md#costs-behind-the-optimizer-warnings"
+
 
 class ModeOptimizerWarning(UserWarning):
     """A sync policy or compressor runs with an optimizer it was measured to hurt."""
 
 
 def cautions(sync, compressor, optimizer) -> List[str]:
-    """What the strategy's modes cost with `optimizer`, one sentence per mode ([] if nothing).
+    """What the strategy's modes risk with `optimizer`, one sentence per mode ([] if nothing).
 
     Args:
         sync: The `SyncPolicy`.
@@ -52,7 +56,8 @@ def cautions(sync, compressor, optimizer) -> List[str]:
         text = getattr(mode, "caution", "") or getattr(mode, attribute or "caution", "")
         if text:
             name = getattr(mode, "name", type(mode).__name__)
-            found.append(f"tfdist_ext: {option}={name!r} with {described}: {text}.")
+            found.append(f"tfdist_ext: {option}={name!r} with {described}: {text} "
+                         f"(measured costs: {RESULTS}).")
     return found
 
 

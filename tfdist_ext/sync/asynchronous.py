@@ -94,16 +94,14 @@ class Asynchronous(SyncPolicy):
 
     @property
     def momentum_caution(self):
-        """What momentum SGD costs at 4 workers (measured; compensation on or off)."""
+        """What momentum SGD risks at 4 or more workers (compensation on or off)."""
         return ("each gradient is applied about N - 1 updates late, which acts as extra "
                 "momentum (Mitliagkas et al., 2016); the compensated server momentum "
                 "1 - (1 - m) N " + ("" if self.momentum_compensation else "(switched off "
                                        "here) ") +
-                "kept 2 workers within 2 points of synchronous momentum SGD on every "
-                "dataset of the modes matrix, but at 4 workers mnist1d ended 3.5 points "
-                "below it (6 seeds; digits +0.5, make_classification +1.8); safer at 4 or "
-                "more workers: Adam (+5.7 points against synchronous Adam there) or "
-                "sync='sync'")
+                "keeps 2 workers close to synchronous training, but at 4 or more workers "
+                "it may end a few points below synchronous momentum SGD; safer at 4 or more "
+                "workers: Adam or sync='sync'")
 
     def __post_init__(self):
         boolean("momentum_compensation", self.momentum_compensation)

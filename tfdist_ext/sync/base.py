@@ -23,8 +23,9 @@ class SyncPolicy:
     uses_parameter_servers = False
     #: What to change when training diverges under the policy (`keras.divergence`).
     divergence_advice = "use sync='sync'"
-    #: What SGD with momentum costs under the policy and the safer choice, where measured
-    #: (`keras.optimizer_check` warns with it when `fit` starts); "" when it is safe.
+    #: What SGD with momentum risks under the policy, in words, and the safer choices
+    #: (`keras.optimizer_check` warns with it when `fit` starts, linking the measured
+    #: costs in docs/results.md); "" when measured safe.
     momentum_caution = ""
     #: The same for an optimizer that normalizes the gradient (Adam, RMSprop, ...).
     adam_caution = ""

@@ -62,16 +62,13 @@ class StaleSynchronous(SyncPolicy):
             return ""
         return ("with momentum_compensation=False the gradients applied `staleness` steps late "
                 "add to the optimizer's momentum (asynchrony acts as extra momentum: "
-                "Mitliagkas et al., 2016); on a 2-replica MLP (scikit-learn's 8x8 digits, 15 "
-                "epochs, 5 seeds) it ended 1.8 points below synchronous SGD (0.949 against "
-                "0.967), compensated 0.2 above. momentum_compensation=True is safer")
+                "Mitliagkas et al., 2016), and it may end a point or two below synchronous "
+                "momentum SGD. momentum_compensation=True (the default) is safer")
 
     adam_caution = (
         "Adam's per-coordinate step does not shrink for gradients `staleness` steps old "
-        "the way compensated momentum does: at 4 replicas on mnist1d staleness 2 ended 2.6 "
-        "points below synchronous Adam (6 seeds; within 0.4 points on digits and "
-        "make_classification, and at 2 replicas); safer: sync='local_sgd' or 'gossip' "
-        "(within 0.7 points with Adam in every cell of the modes matrix) or sync='sync'")
+        "the way compensated momentum does: at 4 or more replicas it may end a few points "
+        "below synchronous Adam; safer: sync='local_sgd' or 'gossip', or sync='sync'")
 
     def __post_init__(self):
         positive_int("staleness", self.staleness)
