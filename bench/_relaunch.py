@@ -1,7 +1,8 @@
 """Runs a benchmark script again as W workers under `python -m tfdist_ext.launch`.
 
 Also the pieces such benchmarks share: the forwarded arguments, a clock of
-batch starts and the commit measured.
+batch starts and an emulated host's device. The commit measured, the machine
+and the result files are bench/harness.py's.
 """
 
 import os
@@ -79,10 +80,3 @@ def host_device():
     import socket  # pylint: disable=import-outside-toplevel
     return next(name for _, name in socket.if_nameindex() if name != "lo")
 
-
-def commit():
-    """The measured code's git commit: `git rev-parse HEAD`, or TFDIST_BENCH_COMMIT
-    where the tree is an export without .git (e.g. `git archive` for long runs)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=False).stdout.strip()
-    return head or os.environ.get("TFDIST_BENCH_COMMIT", "")

@@ -25,6 +25,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench import time_to_accuracy as tta  # pylint: disable=wrong-import-position
 
 CONFIGS = "sync,bf16,powersgd4,powersgd,topk,adaptive"
@@ -36,10 +37,8 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=CONFIGS, help=f"default {CONFIGS}")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=8, help=">= 2")
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser, repeats=2)
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (epoch 1 holds the probe)")
@@ -141,12 +140,8 @@ def main(argv=None):
     rows = run(args)
     summary = summarize(rows, args.config_list)
     print_table(summary)
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary},
-                                                      indent=1))
-    if args.png:
-        plot(summary, args.png)
+    harness.write({"rows": rows, "summary": summary}, args.json, args.png,
+                  plot=lambda path: plot(summary, path))
     return 0
 
 

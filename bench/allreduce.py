@@ -37,6 +37,9 @@ import sys
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
 
 
 def parse_args(argv=None):
@@ -61,8 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=0,
                         help="all-reduces per timed call (0: 32 below 64 KB, 8 below 1 MB, "
                              "else 2)")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     parser.add_argument("--max-auto-ratio", type=float, default=1.10,
                         help="exit 1 when auto's choice is slower than this x the best fixed "
                              "algorithm at some size, beyond the noise (the bootstrap 95%% "
@@ -227,11 +229,7 @@ def summarize(records, args):
                   "chosen algorithm's own row, at least "
                   f"{rows['auto'].get('choice_vs_best_low', float('nan')):.2f}x (95%)",
                   flush=True)
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
-    if args.png:
-        plot(records, args.png)
+    harness.write(records, args.json, args.png, plot=lambda path: plot(records, path))
     for failure in failures:
         print(f"FAIL: {failure}, above --max-auto-ratio {args.max_auto_ratio}", flush=True)
     return 1 if failures else 0

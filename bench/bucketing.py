@@ -32,6 +32,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 PLANNERS = {"none": None, "fixed": {"name": "fixed", "bytes_per_bucket": 1 << 20},
@@ -49,12 +50,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=60,
                         help="steps before timing (MG-WFBP profiles and tunes in them)")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--link", default="none", help="shaped link rate (root), or none")
     parser.add_argument("--engine", choices=("tf", "ucx"), default="tf",
                         help="tf: TF's native ring; ucx: the UCX engine's ring")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser, repeats=3)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--verbose", action="store_true",
                         help="log the profiled times and MG-WFBP's timed candidate plans")
@@ -180,12 +179,9 @@ def main(argv=None):
               f"{row['step_ms_min']:>12.1f} {row['step_ms_median']:>8.1f} "
               f"{row['vs_best_other']:>13.2f} {row['vs_none'] or float('nan'):>7.2f}")
     title = f"{args.workers} workers, link {args.link}, engine {args.engine}"
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
-             "summary": summary, "records": records}, indent=1))
-    if args.png:
-        plot(summary, args.png, title)
+    harness.write({"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
+                   "summary": summary, "records": records},
+                  args.json, args.png, plot=lambda path: plot(summary, path, title))
     return 0
 
 

@@ -28,6 +28,10 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
+
 QSGD_LEVELS = 15  # 5 bits per element
 
 
@@ -222,10 +226,7 @@ def main():
                 records += json.loads(out.read_text())
     print_table(records)
     check_targets(records)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
-    if args.png:
-        plot(records, args.png)
+    harness.write(records, args.json, args.png, plot=lambda path: plot(records, path))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
+
 EXAMPLE = ROOT / "examples" / "keras_fit.py"
 
 # name -> example arguments (the example's SGD learning rate is 10 x --lr).
@@ -60,7 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
                         help="the example's model: cnn (~26k parameters) or mlp (~1.1M)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
-    parser.add_argument("--json", default=None)
+    harness.add_arguments(parser, png=False)
     args = parser.parse_args(argv)
     unknown = set(args.configs.split(",")) - set(CONFIGS)
     if unknown:
@@ -119,9 +123,7 @@ def main(argv=None):
         print(f"{config:<10} {row['runs']:>4} {row['accuracy_mean']:7.4f} "
               f"{row['accuracy_min']:7.4f} {row['accuracy_max']:7.4f} "
               f"{row.get('points_vs_dense', float('nan')):+8.2f}p {row['compression_ratio']:6.1f}x")
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs}, indent=1))
+    harness.write({"summary": rows, "runs": runs}, args.json)
     return 0
 
 

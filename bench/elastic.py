@@ -61,6 +61,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import harness  # noqa: E402  (bench/, above)
 from elastic_report import plot, summarize, summarize_random  # noqa: E402  (bench/, above)
 
 
@@ -91,8 +92,7 @@ def parse_args(argv=None):
                         help="keep the jobs' logs and records here (default: a temporary "
                              "folder); an uninterrupted job already recorded there with the "
                              "same --workers and --epochs is reused")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT_DIR
     args = parser.parse_args(argv)
     try:
@@ -354,12 +354,8 @@ def main(argv=None):
 
 
 def _write(result, args):
-    from _relaunch import commit  # pylint: disable=import-outside-toplevel  (bench/)
-    result.update(samples=args.samples, commit=commit())
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.png:
-        plot(result, args.png)
+    result.update(samples=args.samples)
+    harness.write(result, args.json, args.png, plot=lambda path: plot(result, path))
     return 0
 
 

@@ -35,7 +35,6 @@ with each row's ratio to Gloo and to tf:native.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import socket
@@ -49,7 +48,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _relaunch import commit, host_device  # noqa: E402  pylint: disable=wrong-import-position
+import harness  # noqa: E402  pylint: disable=wrong-import-position
+from _relaunch import host_device  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def parse_args(argv=None):
@@ -74,8 +74,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=0,
                         help="all-reduces per timed call (0: 8 below 1 MB, else 2)")
     parser.add_argument("--no-gloo", action="store_true")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -259,7 +258,7 @@ def run(args):
     memcpy_end = memcpy_gbps(max(sizes))
     limits = {"memcpy_GBps": max(memcpy_start, memcpy_end), "memcpy_GBps_start": memcpy_start,
               "memcpy_GBps_end": memcpy_end, "memcpy_concurrent_GBps": concurrent,
-              "loopback_tcp_GBps": loopback_tcp_gbps(), "hosts": args.hosts, "commit": commit(),
+              "loopback_tcp_GBps": loopback_tcp_gbps(), "hosts": args.hosts,
               "link_bandwidth": args.link_bandwidth, "link_stream_GBps": link}
     records = []
     for (name, size), times in rows.items():
@@ -307,11 +306,8 @@ def summarize(records, args, limits):
               f"{r.get('speedup_vs_gloo', float('nan')):7.2f} "
               f"{r.get('speedup_vs_tf_native', float('nan')):7.2f} "
               f"{r['x_link'] or float('nan'):7.2f}")
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
-    if args.png:
-        plot(records, args.png, limits)
+    # Every record gets the commit (as before, from `limits`) and the machine.
+    harness.write(records, args.json, args.png, plot=lambda path: plot(records, path, limits))
 
 
 def plot(records, path, limits):

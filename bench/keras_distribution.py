@@ -23,6 +23,10 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
+
 SCRIPT = ROOT / "tests" / "workers" / "keras_distribution_fit.py"
 MODELS = ("mlp", "cnn")
 
@@ -103,8 +107,7 @@ def main():
                         help="a Python with jax[cpu], keras and tensorflow (skipped without)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=300)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     args = parser.parse_args()
     work = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"keras_distribution_{os.getpid()}"
     runs, seconds = {}, {}
@@ -124,17 +127,12 @@ def main():
     reference = runs["tf_1"]
     report = {
         "script": str(SCRIPT.relative_to(ROOT)), "workers": args.workers,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True, check=False).stdout.strip(),
         "seconds": seconds, "runs": runs,
         "max_relative_loss_difference_to_tf_1": {
             key: {m: _relative(run[m]["loss"], reference[m]["loss"]) for m in MODELS}
             for key, run in runs.items() if key != "tf_1"}}
     print(json.dumps(report["max_relative_loss_difference_to_tf_1"]))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.png:
-        plot(report, args.png)
+    harness.write(report, args.json, args.png, plot=lambda path: plot(report, path))
 
 
 if __name__ == "__main__":

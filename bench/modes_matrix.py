@@ -37,6 +37,10 @@ import warnings
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
+
 SYNC_MODES = ["stale_synchronous", "delayed_averaging", "local_sgd", "diloco",
               "model_averaging", "gossip"]
 COMPRESSION_MODES = ["fp16", "bf16", "int8", "qsgd", "terngrad", "sign", "randomk", "topk",
@@ -56,7 +60,7 @@ def parse_args(argv=None):
                                                     + PROCESS_MODES))
     parser.add_argument("--epochs", type=int, default=None, help="instead of each dataset's")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
-    parser.add_argument("--json", default=None)
+    harness.add_arguments(parser, png=False)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--records", default=None,
                         help="comma-separated --json files: summarize them instead of running "
@@ -276,12 +280,9 @@ def main(argv=None):
         print(f"{r['dataset']:<8} {r['optimizer']:<9} w{r['world']} {r['mode']:<18} "
               f"{r['points_vs_sync']:+6.2f} points (sync {r['sync_accuracy']:.3f}, "
               f"{r['seeds']} seeds){flag}{' DIVERGED' if r['errors'] else ''}")
-    if args.plot:
-        plot(rows, args.plot)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "summary": rows, "records": records,
-             "not_within_2_points_unwarned": failed}, indent=1))
+    harness.write({"args": vars(args), "summary": rows, "records": records,
+                   "not_within_2_points_unwarned": failed},
+                  args.json, args.plot, plot=lambda path: plot(rows, path))
     print(f"{len(failed)} unwarned cells more than 2 points below sync (or diverged)")
     return 1 if failed else 0
 

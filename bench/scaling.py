@@ -39,6 +39,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 CONFIGS = {
@@ -59,8 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=12)
     parser.add_argument("--link", default="none", help="shaped link rate (root), or none")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -172,13 +172,10 @@ def main(argv=None):
               f"{row['throughput']:>10.0f} "
               f"{row.get('efficiency', float('nan')):>10.2f} "
               f"{row.get('overhead_ms', float('nan')):>12.1f}")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
-             "cpu_cores": cores, "rows": rows}, indent=1))
-    if args.png:
-        plot(rows, args.png, f"link {args.link}, {args.batch} samples/worker/step, "
-                             f"{cores} cores")
+    title = f"link {args.link}, {args.batch} samples/worker/step, {cores} cores"
+    harness.write({"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
+                   "cpu_cores": cores, "rows": rows},
+                  args.json, args.png, plot=lambda path: plot(rows, path, title))
     return 0
 
 

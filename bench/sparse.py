@@ -33,7 +33,8 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._relaunch import commit, forward, relaunch, step_clock  # pylint: disable=wrong-import-position
+from bench import harness  # pylint: disable=wrong-import-position
+from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 CONFIGS = ("ucx_all_gather", "tf_all_gather", "sparse_as_dense", "dense_layer",
            "frozen_embedding", "keras_one_process", "dense_layer_one_process")
@@ -54,8 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, from {CONFIGS}; the ratios need "
                              f"dense_layer and frozen_embedding")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # CONFIG
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -129,16 +129,12 @@ def main(argv=None):
               f", {row['x_dense_layer']:.2f}x the dense layer, "
               f"{row['x_frozen_embedding']:.2f}x the frozen embedding", flush=True)
     result = {"workers": args.workers, "cores": os.cpu_count(), "rounds": args.rounds,
-              "commit": commit(), "model": {k: getattr(args, k) for k in keys},
-              "rows": rows, "runs_s": runs}
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.png:
-        plot(rows, args)
+              "model": {k: getattr(args, k) for k in keys}, "rows": rows, "runs_s": runs}
+    harness.write(result, args.json, args.png, plot=lambda path: plot(rows, args, path))
     return 0
 
 
-def plot(rows, args):
+def plot(rows, args, path):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -150,7 +146,7 @@ def plot(rows, args):
            title=f"Embedding({args.vocab}, {args.dim}), seq {args.seq}, batch {args.batch} "
                  f"x {args.workers} workers, {args.optimizer}")
     fig.tight_layout()
-    fig.savefig(args.png, dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

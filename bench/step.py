@@ -59,7 +59,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _relaunch import commit  # noqa: E402  (bench/, on the path above)
+import harness  # noqa: E402  (bench/, on the path above)
 import step_models  # noqa: E402
 import step_report  # noqa: E402
 import step_torch  # noqa: E402
@@ -82,7 +82,6 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--skip", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=2, help="measurements per launch")
     parser.add_argument("--rounds", type=int, default=3,
                         help="launches of every system, round-robin")
     parser.add_argument("--hosts", default=None, metavar="HxW",
@@ -92,8 +91,7 @@ def parse_args(argv=None):
                         help="with --hosts: shape the links between hosts (10gbit, 1gbit)")
     parser.add_argument("--paired-ddp", action="store_true",
                         help="tfdist also times PyTorch DDP in its own worker processes")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser, repeats=2, repeats_help="measurements per launch")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -364,15 +362,12 @@ def main(argv=None):
         print(f"{row['system']:<28} {row['model']:<5} {row['workers']:>2} "
               f"{row['ms_median']:>8.2f} {row['ms_min']:>8.2f}"
               + "".join(f" {row.get(k, float('nan')):>12.2f}" for k in ratio_keys))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": {k: v for k, v in vars(args).items()
-                      if k not in ("worker", "out", "rank", "world", "port")},
-             "cpu_cores": cores, "commit": commit(), "skipped": skipped,
-             "failures": failures, "rows": rows},
-            indent=1))
-    if args.png:
-        step_report.plot(rows, args.png, f"samples/worker/step {batches}, {cores} cores")
+    harness.write({"args": {k: v for k, v in vars(args).items()
+                            if k not in ("worker", "out", "rank", "world", "port")},
+                   "cpu_cores": cores, "skipped": skipped, "failures": failures, "rows": rows},
+                  args.json, args.png,
+                  plot=lambda path: step_report.plot(
+                      rows, path, f"samples/worker/step {batches}, {cores} cores"))
     return 0
 
 

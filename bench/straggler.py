@@ -46,6 +46,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench._relaunch import forward, relaunch  # pylint: disable=wrong-import-position
 
 MODES = ("none", "transient", "permanent")
@@ -78,10 +79,8 @@ def parse_args(argv=None):
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=80, help="timed steps per run")
     parser.add_argument("--sleep", default="auto", help="straggler seconds, or auto")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256, help="MLP width")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser, repeats=3)
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -302,12 +301,10 @@ def main(argv=None):
               f"{row.get('fast_ratio_vs_sync_median', float('nan')):>7.2f} "
               f"{row['staleness_max']:>9}")
     print(f"straggler sleep: {records[0]['sleep_s'] * 1000:.1f} ms")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
-             "summary": summary, "records": records}, indent=1))
-    if args.png:
-        plot(summary, args.png, args.workers, records[0]["sleep_s"])
+    harness.write({"args": {k: v for k, v in vars(args).items() if k != "worker_out"},
+                   "summary": summary, "records": records},
+                  args.json, args.png,
+                  plot=lambda path: plot(summary, path, args.workers, records[0]["sleep_s"]))
     return 0
 
 

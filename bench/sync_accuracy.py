@@ -21,6 +21,10 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (bench/, above)
+
 EXAMPLE = ROOT / "examples" / "keras_fit.py"
 # The example's SGD learning rate is 10 x --lr (momentum 0.9); Adam's is --lr.
 RECIPES = {"sgd": ["--optimizer", "sgd", "--lr", "0.003"],
@@ -60,7 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"],
                         help="learning-rate schedule (cosine: decays to 0 over the run)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    parser.add_argument("--json", default=None)
+    harness.add_arguments(parser, png=False)
     parser.add_argument("--records", default=None,
                         help="comma-separated --json files of earlier runs: summarize (and "
                              "plot) their records instead of running")
@@ -185,11 +189,9 @@ def main(argv=None):
                                         optimizer=recipe(vars(args))))
                     print(json.dumps(records[-1]), flush=True)
     summary = summarize(records)
-    if args.plot:
-        plot(records, args.plot, f"mnist1d CNN, {args.workers} workers")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "summary": summary, "records": records}, indent=1))
+    harness.write({"args": vars(args), "summary": summary, "records": records},
+                  args.json, args.plot,
+                  plot=lambda path: plot(records, path, f"mnist1d CNN, {args.workers} workers"))
     return 0
 
 

@@ -40,6 +40,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench._relaunch import relaunch  # pylint: disable=wrong-import-position
 
 CONFIGS = {"sync": {}, "topk": {"compression": "topk"}, "qsgd": {"compression": "qsgd"},
@@ -267,7 +268,7 @@ def print_table(summary, args):
               f"{fmt(s['x_sooner'], '.2f'):>8}", flush=True)
 
 
-def plot(records, summary, args):
+def plot(records, summary, args, path):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -289,8 +290,8 @@ def plot(records, summary, args):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    pathlib.Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.png, dpi=110)
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
@@ -307,18 +308,12 @@ def main(argv=None):
                 except RuntimeError as err:  # the other configs still run
                     print(f"time_to_accuracy: {err}", file=sys.stderr, flush=True)
                     failed.append(f"{model} {config}")
-                if args.json:  # so far, in case a later launch hangs
-                    pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                    pathlib.Path(args.json).write_text(json.dumps(
-                        {"records": records, "failed": failed}, indent=1))
+                # so far, in case a later launch hangs
+                harness.write({"records": records, "failed": failed}, args.json)
     summary = summarize(records)
     print_table(summary, args)
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"records": records, "summary": summary, "failed": failed}, indent=1))
-    if args.png:
-        plot(records, summary, args)
+    harness.write({"records": records, "summary": summary, "failed": failed}, args.json,
+                  args.png, plot=lambda path: plot(records, summary, args, path))
     if failed:
         print(f"time_to_accuracy: failed: {', '.join(failed)}", file=sys.stderr, flush=True)
     return 1 if failed else 0

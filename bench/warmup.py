@@ -29,7 +29,6 @@ median curves.
 """
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -38,6 +37,8 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench import harness  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def build_cnn(keras, args):  # pylint: disable=unused-argument
@@ -111,8 +112,7 @@ def parse_args(argv=None):
                         help="mnist1d training sequences (generated locally; the test set "
                              "is a quarter as many)")
     parser.add_argument("--verbose", type=int, default=0, help="Keras fit verbosity")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -238,11 +238,8 @@ def main(argv=None):
         print(f"{name:20s} {row['batch']:6d} {row['lr']:6.3g} {row['min']:6.3f} "
               f"{row['median']:7.3f} {row['max']:6.3f}  {_fmt(row['loss_epoch1_median'], 17)}"
               f"  {row['diverged']}/{row['runs']}")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "summary": summary, "runs": runs}, indent=1))
-    if args.png:
-        plot(summary, curves, args.png, args)
+    harness.write({"args": vars(args), "summary": summary, "runs": runs}, args.json, args.png,
+                  plot=lambda path: plot(summary, curves, path, args))
 
 
 if __name__ == "__main__":

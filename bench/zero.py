@@ -32,6 +32,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # pylint: disable=wrong-import-position
 from bench._relaunch import forward, relaunch, step_clock  # pylint: disable=wrong-import-position
 
 MB = 1 << 20
@@ -48,8 +49,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--torch", default=None, help="a Python with PyTorch, for its twin")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
+    harness.add_arguments(parser)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # the stage
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -167,15 +167,10 @@ def main(argv=None):
         work(args)
         return 0
     rows = savings(measure(args))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
-    result = {"commit": commit, "cores": os.cpu_count(),
+    result = {"cores": os.cpu_count(),
               "model": {k: getattr(args, k) for k in ("input", "hidden", "layers", "batch")},
               "rows": rows}
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.png:
-        plot(rows, args.png)
+    harness.write(result, args.json, args.png, plot=lambda path: plot(rows, path))
     return 0
 
 
