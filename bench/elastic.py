@@ -15,10 +15,11 @@ others), and the members left; per job: the lowest surviving worker's loss
 curve (per step), its test accuracy and the wall-clock time. The PNG shows
 both loss curves with the failures marked.
 
-`--mtbf SECONDS` is a random killer instead (torchft's punisher): after
-exponentially distributed intervals of that mean it SIGKILLs a random worker
-that is in the job (worker 0 included), and starts it again with its
-TF_CONFIG after `tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
+`--mtbf SECONDS` is a random killer instead (torchft's punisher): once every
+worker's fit has begun, after exponentially distributed intervals of that mean
+it SIGKILLs a random worker that is in the job (worker 0 included), and starts
+it again with its TF_CONFIG after
+`tfdist_ext.elastic.options.REPLACEMENT_DELAY_SECONDS`; the
 replacement rejoins. It never kills the last worker in the job (a job of none
 would restart from a checkpoint, which this does not measure): a kill due then
 waits until a replacement is in. Stops killing after `--failures`. Reported per failure as well: the
@@ -286,6 +287,14 @@ def _recorded(out, workers):
     return {i: json.loads(path.read_text()) for i, path in enumerate(paths)}
 
 
+def _fits_begun(out):
+    """How many workers' fits have begun (their "fit_start" events in `out`)."""
+    path = out / "events.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return len({json.loads(line)["worker"] for line in lines
+                if line.strip() and json.loads(line)["event"] == "fit_start"})
+
+
 def _random_kills(args, procs, start, out, deadline):
     """The random killer: SIGKILLs a worker in the job after exponential intervals of
     mean `args.mtbf` and starts it again; returns [(worker, time)]."""
@@ -295,11 +304,15 @@ def _random_kills(args, procs, start, out, deadline):
     rng = random.Random(args.seed)
     began, kills, restarts = time.monotonic(), [], 0
     joined = {i: True for i in range(len(procs))}  # in the job (a replacement: once joined)
-    next_kill = began + 10.0 + rng.expovariate(1.0 / args.mtbf)  # after start-up
+    next_kill = None  # armed when every worker's fit has begun (start-up varies: 5-30 s)
     while len(kills) < args.failures and time.monotonic() < deadline:
         time.sleep(0.2)
         if any(p.poll() == 0 for p in procs):
             break  # the job ended
+        if next_kill is None:
+            if _fits_begun(out) >= len(procs):
+                next_kill = time.monotonic() + rng.expovariate(1.0 / args.mtbf)
+            continue
         for i, tag in list(joined.items()):
             if tag is not True and "joined at step" in tag.read_text(errors="replace"):
                 joined[i] = True

@@ -40,8 +40,8 @@ def test_benchmark_reports_each_failure(tmp_path):
 @pytest.mark.multiworker
 @pytest.mark.alone
 def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
-    # The kill comes 10-14 s after the launch; 60 epochs (about 40 s of fit on this machine)
-    # leave the replacement, started 2 s later, time to start up and join.
+    # The kill comes about 2 s after both fits began; 60 epochs (about 40 s of fit on this
+    # machine) leave the replacement, started 2 s later, time to start up and join.
     report = _bench(tmp_path, "--workers", "2", "--mtbf", "2", "--failures", "1", "--epochs",
                     "60", timeout=600)
     (failure,) = report["failures"]
