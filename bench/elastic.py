@@ -159,22 +159,29 @@ def work(args):
                                      "replacement": recovery.replacement,
                                      "time": time.time(), **fields}) + "\n")
 
+    steps_per_epoch = -(-len(x) // args.batch)
+
     class Log(keras.callbacks.Callback):
         steps = 0
+        epoch = position = 0
         seen = {"failures": 0, "joins": 0, "leaves": 0}
         times = []
 
         def on_train_begin(self, logs=None):
             note("fit_start")
 
+        def on_epoch_begin(self, epoch, logs=None):
+            Log.epoch = epoch
+
         def on_train_batch_begin(self, batch, logs=None):
+            Log.position = Log.epoch * steps_per_epoch + batch  # a replacement starts late
             if (me, Log.steps) in args.kills:
                 (out / f"killed-{me}.txt").write_text(repr(time.time()))
             Log.steps += 1
 
         def on_train_batch_end(self, batch, logs=None):
             if logs and "loss" in logs:
-                curve.append((Log.steps - 1, time.time(), float(logs["loss"])))
+                curve.append((Log.position, time.time(), float(logs["loss"])))
             Log.times.append(time.time())
             for kind, seen in Log.seen.items():
                 changes = getattr(recovery, kind)

@@ -211,11 +211,14 @@ def plot(result, path):
     for name, curve in result["curves"].items():
         ax.plot([c[0] for c in curve], [c[2] for c in curve], label=name, lw=1)
     ax.set_yscale("log")
+    labelled = len(result["failures"]) <= 12  # more would cover each other
     for i, f in enumerate(result["failures"]):
-        ax.axvline(f["step"], color="red", ls="--", lw=0.8)
-        ax.text(f["step"], ax.get_ylim()[1] * 0.6 ** (i % 4), f" worker {f['dead']} killed",
-                color="red", fontsize=7, va="top")
-    ax.set(xlabel="training step", ylabel="loss (running mean of the epoch, log)",
+        ax.axvline(f["step"], color="red", ls="--", lw=0.8 if labelled else 0.4)
+        if labelled:
+            ax.text(f["step"], ax.get_ylim()[1] * 0.6 ** (i % 4),
+                    f" worker {f['dead']} killed", color="red", fontsize=7, va="top")
+    ax.set(xlabel="training step" + ("" if labelled else " (red: a failure)"),
+           ylabel="loss (running mean of the epoch, log)",
            title=f"{result['workers']} workers, elastic: accuracy "
                  f"{result['with_failures']['accuracy']:.3f} with failures, "
                  f"{result['uninterrupted']['accuracy']:.3f} without")
