@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import harness  # noqa: E402  (bench/, above)
+from elastic_killer import random_kills  # noqa: E402  (bench/, above)
 from elastic_report import plot, summarize, summarize_random  # noqa: E402  (bench/, above)
 
 
@@ -258,7 +259,7 @@ def job(args, name, kills, out_root, killer=False):
 def _supervise(args, out, start, killer):
     procs = [start(i) for i in range(args.workers)]
     deadline = time.monotonic() + args.timeout
-    kills_done = _random_kills(args, procs, start, out, deadline) if killer else None
+    kills_done = random_kills(args, procs, start, out, deadline) if killer else None
     # Once a worker finished, a replacement that never got in waits for a job that
     # is gone: 30 s more at most.
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -292,53 +293,6 @@ def _recorded(out, workers):
     if not all(path.exists() for path in paths):
         return None
     return {i: json.loads(path.read_text()) for i, path in enumerate(paths)}
-
-
-def _fits_begun(out):
-    """How many workers' fits have begun (their "fit_start" events in `out`)."""
-    path = out / "events.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    return len({json.loads(line)["worker"] for line in lines
-                if line.strip() and json.loads(line)["event"] == "fit_start"})
-
-
-def _random_kills(args, procs, start, out, deadline):
-    """The random killer: SIGKILLs a worker in the job after exponential intervals of
-    mean `args.mtbf` and starts it again; returns [(worker, time)]."""
-    import random  # pylint: disable=import-outside-toplevel
-
-    from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS  # pylint: disable=import-outside-toplevel
-    rng = random.Random(args.seed)
-    began, kills, restarts = time.monotonic(), [], 0
-    joined = {i: True for i in range(len(procs))}  # in the job (a replacement: once joined)
-    next_kill = None  # armed when every worker's fit has begun (start-up varies: 5-30 s)
-    while len(kills) < args.failures and time.monotonic() < deadline:
-        time.sleep(0.2)
-        if any(p.poll() == 0 for p in procs):
-            break  # the job ended
-        if next_kill is None:
-            if _fits_begun(out) >= len(procs):
-                next_kill = time.monotonic() + rng.expovariate(1.0 / args.mtbf)
-            continue
-        for i, tag in list(joined.items()):
-            if tag is not True and "joined at step" in tag.read_text(errors="replace"):
-                joined[i] = True
-        ready = [i for i in range(len(procs)) if joined[i] is True
-                 and procs[i].poll() is None]
-        if time.monotonic() < next_kill or len(ready) < 2:
-            continue  # the last member is never killed: a job of none restarts from a checkpoint
-        victim = rng.choice(ready)
-        procs[victim].kill()
-        procs[victim].wait()
-        kills.append((victim, time.time()))
-        print(f"random killer: killed worker {victim} at {time.monotonic() - began:.1f} s",
-              flush=True)
-        time.sleep(REPLACEMENT_DELAY_SECONDS)
-        restarts += 1
-        procs[victim] = start(victim, f"-r{restarts}")
-        joined[victim] = out / f"w{victim}-r{restarts}.log"
-        next_kill = time.monotonic() + rng.expovariate(1.0 / args.mtbf)
-    return kills
 
 
 def main(argv=None):

@@ -169,7 +169,8 @@ def all_schedules(algorithm, world_size: int,
 def encode(schedule: Schedule) -> list:
     """The flat int list a UCX engine's op reads.
 
-    ``[rounds, (steps, (kind, peer, start, stop)*)*]``, where kind is 0 for a send, 1 for a receive that adds, 2 for one that overwrites.
+    ``[rounds, (steps, (kind, peer, start, stop)*)*]``, where kind is 0 for a
+    send, 1 for a receive that adds, 2 for one that overwrites.
     """
     flat = [len(schedule.rounds)]
     for round_ in schedule.rounds:

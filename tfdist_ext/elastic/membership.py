@@ -119,4 +119,4 @@ def _report(kv_get, key, deadline, gone):
         except Exception:  # pylint: disable=broad-except  (nothing read yet)
             if deadline - time.monotonic() <= 0 or gone():
                 return None
-            time.sleep(max(0.0, min(0.1 - (time.monotonic() - began), 0.1)))  # no spinning
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))  # no spinning
