@@ -32,6 +32,9 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+# Seconds pytest may take to import TensorFlow and collect before the stall bound
+# applies (minutes on a loaded 2-core machine).
+STARTUP_SECONDS = 120
 
 # (module, pytest -k expression or None): the Keras 3.15 test files that make a
 # tf.distribute strategy; of nn_test and variables_test (900 cases, most of
@@ -149,8 +152,9 @@ def run_nodes(strategy, files, timeout=1200, scoped=False, stall=240, skip=()):
 
 def _pytest(command, env, log, stall, deadline):
     """Runs pytest until it exits ("exited"; a crash inside a test shows in the log)
-    or writes nothing to `log` for `stall` seconds ("stalled"); raises TimeoutError
-    when `deadline` passes."""
+    or writes nothing to `log` for `stall` seconds ("stalled"; before its first
+    entry, while pytest imports TensorFlow and collects, at least STARTUP_SECONDS);
+    raises TimeoutError when `deadline` passes."""
     with tempfile.TemporaryFile("w+") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
                                    text=True, start_new_session=True)
@@ -159,7 +163,8 @@ def _pytest(command, env, log, stall, deadline):
             now = time.monotonic()
             if log.stat().st_size != size:
                 size, last = log.stat().st_size, now
-            if now > deadline or now - last > stall:
+            allowed = stall if size > 0 else max(stall, STARTUP_SECONDS)
+            if now > deadline or now - last > allowed:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 output.seek(0)
