@@ -39,6 +39,9 @@ KNOWN_STATE = {
         "each cross-device ops' traced broadcast of calibration values, weak: traced once",
     "tfdist_ext.collectives.ucx_engine:_engines":
         "rendezvous name -> UCX engine: TF's deep copies of the cross-device ops share it",
+    "tfdist_ext.collectives.ucx_engine:_aborts":
+        "(reason, later) of each abort of the process's UCX collectives (a peer found "
+        "dead): a wire-up still waiting for that peer's address stops",
     "tfdist_ext.collectives.ucx_slots:_slots":
         "(key, world size, rank) -> slot handle: functions traced for an earlier "
         "membership run on this process's newest communicators",

@@ -6,11 +6,15 @@ so they need no other service, and both are eager and blocking: every worker
 must make the same calls in the same order.
 """
 
+import base64
+import time
+
 import tensorflow as tf
 
 from tfdist_ext import _compat
 
 _FOREVER_SECONDS = None  # exchanges wait as long as the store allows
+_CHECK_SECONDS = 1.0  # how often a wait that can be stopped asks whether to stop
 
 
 class KeyValue:
@@ -44,6 +48,47 @@ def exchange(prefix: str, value, num_workers: int, worker_index: int, kv=None) -
     kv = kv or KeyValue()
     kv.set(f"{prefix}/{worker_index}", str(value))
     return [kv.get(f"{prefix}/{w}", _FOREVER_SECONDS) for w in range(num_workers)]
+
+
+def exchange_ranks(prefix: str, mine, first_rank: int, world_size: int, kv, seconds: float,
+                   stopped=None) -> list:
+    """Every rank's bytes, in rank order: this worker's ranks (`first_rank` on)
+    publish `mine` under ``prefix/<rank>``; the other ranks' are read from `kv`.
+
+    Args:
+        seconds: How long to wait for each other rank's value.
+        stopped: Asked every second of waiting; a reason (a string) ends the wait
+            with `tf.errors.AbortedError` naming it, e.g. a peer found dead, which
+            will never publish its value.
+    """
+    for i, value in enumerate(mine):
+        kv.set(f"{prefix}/{first_rank + i}", base64.b64encode(value).decode())
+    everyone = []
+    for rank in range(world_size):
+        local = rank - first_rank
+        if 0 <= local < len(mine):
+            everyone.append(mine[local])
+        else:
+            value = get_unless_stopped(kv, f"{prefix}/{rank}", seconds, stopped)
+            everyone.append(base64.b64decode(value))
+    return everyone
+
+
+def get_unless_stopped(kv, key: str, seconds: float, stopped=None) -> str:
+    """`kv.get(key, seconds)`, asking `stopped()` every second of the wait (see
+    `exchange_ranks`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if stopped is None or left <= _CHECK_SECONDS:
+            return kv.get(key, max(left, 0.001))
+        try:
+            return kv.get(key, _CHECK_SECONDS)
+        except (tf.errors.DeadlineExceededError, TimeoutError):
+            reason = stopped()
+            if reason:
+                raise tf.errors.AbortedError(  # pylint: disable=raise-missing-from
+                    None, None, f"Stopped waiting for {key!r} in the store: {reason}")
 
 
 def barrier(prefix: str, number: int, timeout: float, num_workers: int, worker_index: int):

@@ -76,6 +76,33 @@ def test_survivor_fails_in_bounded_time_naming_the_peer(tmp_path, sig, engine):
 
 
 @NO_UCX
+def test_a_peer_dead_before_the_wire_up_stops_the_wait_for_its_address(tmp_path):
+    # Worker 1 dies before it publishes its address for the UCX communicators: worker 0
+    # stops waiting for it when the watcher finds it dead (it used to wait the
+    # rendezvous' 300 s: the 100-kill elastic run found it).
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(2)])
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    script = ROOT / "tests" / "workers" / "wireup_death.py"
+    workers = [subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=files[i],
+                                stderr=subprocess.STDOUT,
+                                env=dict(os.environ, TF_CONFIG=configs[i], PYTHONPATH=str(ROOT)))
+               for i in range(2)]
+    try:
+        assert workers[1].wait(timeout=120) == -signal.SIGKILL
+        died = time.monotonic()
+        code = workers[0].wait(timeout=LIMIT_SECONDS + 60)
+        took = time.monotonic() - died
+        out = logs[0].read_text(errors="replace")
+        assert code != 0, out[-3000:]
+        assert took < LIMIT_SECONDS, (took, out[-3000:])
+        assert "Stopped waiting for 'tfdist_ext/ucx/main" in out, out[-3000:]
+        assert "/address/1' in the store: tfdist_ext: peer /job:worker/replica:0/task:1" in out
+    finally:
+        end_processes(workers, files)
+
+
+@NO_UCX
 @pytest.mark.parametrize("how", ["launcher", "plain"])
 def test_a_failing_peer_stops_the_job_naming_it(tmp_path, how):
     # Under tfdist-run worker 1 is SIGKILLed and the launcher stops the job; as plain

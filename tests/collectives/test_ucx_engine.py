@@ -260,4 +260,4 @@ def test_a_bad_spin_in_the_environment_is_refused_naming_it(monkeypatch):
                                          r"'fast'\. Unset it for the default, 200\."):
         ucx_engine.engine_for("spin-check", ["/cpu:0"], 1, 0)
     monkeypatch.setenv("TFDIST_UCX_SPIN_US", "0")
-    assert ucx_engine.spin_from_environment() == 0
+    assert ucx_ops.spin_from_environment() == 0

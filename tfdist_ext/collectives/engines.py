@@ -95,6 +95,7 @@ class Engines:
         self.role = role
         self._main = None
         self._made = []  # UCX engines, for `close`
+        self._born = ucx_engine.abort_count()  # later aborts stop this generation's wire-ups
         self._lock = threading.Lock()
 
     def check(self, allreduce):
@@ -139,7 +140,8 @@ class Engines:
             rendezvous = name if self.generation is None else f"{name}-g{self.generation}"
             made = ucx_engine.engine_for(rendezvous, self.devices, self.world_size,
                                          self.first_rank, slot_key=name,
-                                         timeout_seconds=timeout, kv=self.kv)
+                                         timeout_seconds=timeout, kv=self.kv,
+                                         born=self._born)
             self._made.append(made)
             return made
         return graph_engine.GraphEngine(

@@ -65,7 +65,6 @@ Tuning:
       transports and interfaces as usual.
 """
 
-import base64
 import os
 import threading
 
@@ -77,10 +76,10 @@ from tfdist_ext.collectives.schedule import encode, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
-SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
+_aborts = []  # (reason, later) of each `abort`: a wire-up waiting for a dead peer stops
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
 
 
@@ -89,24 +88,20 @@ def abort(reason: str, later: bool = True):
     calls it when a peer is dead): every one, now and later, or with
     ``later=False`` those of the communicators that exist now (elastic
     training goes on with new ones)."""
+    _aborts.append((reason, later))
     with tf.device("/cpu:0"):
         ucx_ops.load().tfdist_ucx_abort(reason, later=later)
+
+
+def abort_count() -> int:
+    """How many times `abort` was called in this process (a `UcxEngine`'s `born`)."""
+    return len(_aborts)
 
 
 def load_library():
     """Loads the UCX op library now (about 0.4 s), e.g. before a replacement worker
     asks to join, so that the members do not wait for it in their first collective."""
     ucx_ops.load()
-
-
-def spin_from_environment() -> int:
-    """`TFDIST_UCX_SPIN_US` as microseconds; a clear error for anything else."""
-    text = os.environ[SPIN_VARIABLE]
-    if not text.strip().isdigit():
-        raise ValueError(f"Environment variable {SPIN_VARIABLE} must be a whole number of "
-                         f"microseconds >= 0 (how long a waiting rank polls); received "
-                         f"{text!r}. Unset it for the default, 200.")
-    return int(text)
 
 
 def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
@@ -117,8 +112,8 @@ def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
     if not in_process and world_size == len(devices):  # the names of rendezvous keys:
         name, slot_key = name + "-schedules", slot_key + "-schedules"  # in one process only
     shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
-    if os.environ.get(SPIN_VARIABLE):
-        options.setdefault("spin_us", spin_from_environment())
+    if os.environ.get(ucx_ops.SPIN_VARIABLE):
+        options.setdefault("spin_us", ucx_ops.spin_from_environment())
     with _engines_lock:
         if name not in _engines:
             _engines[name] = UcxEngine(name, devices, world_size, first_rank,
@@ -150,17 +145,22 @@ class UcxEngine:
         slot_key: The ops address the communicators through the handle slots
             of this key (`ucx_slots`), which this engine takes over once wired
             up; None: through the communicators' own handles.
+        born: `abort_count()` when the membership it wires up was decided: a
+            later `abort` (a peer found dead) stops its wait for the peers'
+            addresses (None: now).
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
         tf.errors.UnavailableError: wire-up failed (names the cause).
+        tf.errors.AbortedError: `abort` was called while it waited for a peer.
     """
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
                  segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True,
-                 kv=None, shared_output_bytes=256 << 20, slot_key=None):
+                 kv=None, shared_output_bytes=256 << 20, slot_key=None, born=None):
         self._ops = ucx_ops.load()
         self._kv = kv or coordination.KeyValue()
+        self._born = len(_aborts) if born is None else born
         self.name = name
         self.devices = tuple(devices)
         self.world_size = world_size
@@ -218,23 +218,15 @@ class UcxEngine:
             return int(self._ops.tfdist_ucx_shared_result_bytes(self._handles[0]))
 
     def _exchange(self, mine, topic="address"):
-        """Every rank's bytes for `topic`, in rank order (KV store across workers)."""
+        """Every rank's bytes for `topic`, in rank order (KV store across workers); the
+        wait stops when `abort` fails this engine meanwhile (a dead peer never sends)."""
         if len(mine) == self.world_size:
             return list(mine)
-        for i, value in enumerate(mine):
-            self._kv.set(self._key(self.first_rank + i, topic), base64.b64encode(value).decode())
-        everyone = []
-        for rank in range(self.world_size):
-            local = rank - self.first_rank
-            if 0 <= local < len(mine):
-                everyone.append(mine[local])
-                continue
-            value = self._kv.get(self._key(rank, topic), _RENDEZVOUS_SECONDS)
-            everyone.append(base64.b64decode(value))
-        return everyone
-
-    def _key(self, rank, topic):
-        return f"tfdist_ext/ucx/{self.name}/{topic}/{rank}"
+        return coordination.exchange_ranks(
+            f"tfdist_ext/ucx/{self.name}/{topic}", mine, self.first_rank, self.world_size,
+            self._kv, _RENDEZVOUS_SECONDS,
+            lambda: next((reason for i, (reason, later) in enumerate(_aborts)
+                          if later or i >= self._born), None))
 
     def _plan(self, kind, algorithm, rank, n):
         key = (kind, algorithm, rank, n)

@@ -7,6 +7,7 @@ available and `load()` raises `UcxUnavailableError` with the fix.
 """
 
 import functools
+import os
 import pathlib
 
 import tensorflow as tf
@@ -18,6 +19,7 @@ BUILD_INFO = _HERE / "_ucx_build_info.json"
 INSTALL_HINT = ("Install UCX and rebuild: `python -m pip install 'libucx-cu12>=1.22,<1.23'` "
                 "then `python setup.py build_ext --inplace` (or reinstall tfdist_ext with "
                 "`python -m pip install --no-build-isolation -e .`)")
+SPIN_VARIABLE = "TFDIST_UCX_SPIN_US"
 
 
 class UcxUnavailableError(RuntimeError):
@@ -64,3 +66,13 @@ def load():
             f"{path} was compiled against TensorFlow {stamped} but TensorFlow "
             f"{tf.__version__} is running. {REBUILD_HINT}.")
     return library
+
+
+def spin_from_environment() -> int:
+    """`TFDIST_UCX_SPIN_US` as microseconds; a clear error for anything else."""
+    text = os.environ[SPIN_VARIABLE]
+    if not text.strip().isdigit():
+        raise ValueError(f"Environment variable {SPIN_VARIABLE} must be a whole number of "
+                         f"microseconds >= 0 (how long a waiting rank polls); received "
+                         f"{text!r}. Unset it for the default, 200.")
+    return int(text)
