@@ -67,20 +67,24 @@ def summarize_random(args, whole, broken, kills, codes, out):
                           key=lambda f: f["generation"])
     joins = sorted((j for (kind, _), j in changes.items() if kind == "join"),
                    key=lambda j: j["generation"])
+    # Per kill: the first failure after it that names its victim. One failure can name
+    # several (kills moments apart); its lost steps count once, with the first kill.
     failures, used, unmatched = [], set(), []
     for victim, when in kills:
         failure = next((f for f in all_failures if victim in f["dead"]
-                        and f["generation"] not in used and f["time"] >= when - 1), None)
+                        and (f["generation"], victim) not in used
+                        and f["time"] >= when - 1), None)
         if failure is None:  # e.g. killed before the fit began: nothing to recover
             unmatched.append({"worker": victim, "time": when})
             continue
-        used.add(failure["generation"])
+        shared = any(generation == failure["generation"] for generation, _ in used)
+        used.add((failure["generation"], victim))
         join = next((j for j in joins if victim in j["joined"] and j["time"] > when), None)
         failures.append({
             "dead": failure["dead"], "step": failure["step"] - 1,
             "members": failure["members"], "seconds_to_go_on": failure["time"] - when,
             "seconds_to_full_size": None if join is None else join["time"] - when,
-            "steps_lost": {"0": 1 + failure["skipped"]}})
+            "steps_lost": {"0": 0 if shared else 1 + failure["skipped"]}})
     full = [f["seconds_to_full_size"] for f in failures if f["seconds_to_full_size"]]
     began = min(e["time"] for e in events if e["event"] == "fit_start" and not e["replacement"])
     ended = max(e["time"] for e in events if e["event"] == "fit_end")
