@@ -300,6 +300,7 @@ def _death_during_admission(tmp_path, phase, dies, timeout):
     once, identical weights, and the replacement still its first process."""
     code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", phase],
                           options=["--elastic"], timeout=timeout, extra_env={"WAIT_REJOIN": "1"})
+    (tmp_path / "launcher.txt").write_text(out)  # the whole story; the messages keep its end
     assert code == 0, out[-4000:]
     assert out.count("worker 2 starts again") == 1, out[-4000:]
     assert out.count(f"worker {dies} starts again") == 1, out[-4000:]

@@ -16,6 +16,7 @@ import threading
 import time
 import xmlrpc.client
 import xmlrpc.server
+from typing import Optional
 
 
 _DAY_SECONDS = 86400.0
@@ -131,9 +132,18 @@ class Client:
 
     def answers(self, seconds: float) -> bool:
         """Whether the store's process answers a call within `seconds`."""
+        return self.reach(seconds) is True
+
+    def reach(self, seconds: float) -> Optional[bool]:
+        """True: the store's process answered a call within `seconds`; False: it cannot
+        (the connection was refused or broken: no process serves the address); None:
+        no answer in time (a process that is stopped, hung or starved of CPU, or a
+        network that drops packets)."""
         try:
             self._proxy(seconds, margin=0.0).get("", 0.0)
             return True
+        except TimeoutError:
+            return None
         except (OSError, xmlrpc.client.Error):
             return False
 
