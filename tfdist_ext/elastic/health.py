@@ -32,7 +32,7 @@ GONE, UNREACHABLE = "gone", "unreachable"
 
 def store_answers(address: str) -> bool:
     """Whether the elastic store at `address` answers within `HEALTH_TIMEOUT_SECONDS`."""
-    return store.Client(address).answers(HEALTH_TIMEOUT_SECONDS)
+    return store_alive(address, patience=0.0)
 
 
 def dead_members(members: Iterable[int], me: int, stores: Mapping[int, str],
