@@ -3,12 +3,12 @@
 The op library is compiled from every ``custom_ops/**/*.cc`` outside
 ``custom_ops/ucx/`` with exactly the flags `tf.sysconfig` reports (docs/tf_internals.md,
 "Custom ops against the wheel"), into ``tfdist_ext/ops/_tfdist_ops.so``, and the
-TensorFlow version it was built for is stamped beside it in ``_build_info.json``. The UCX engine's
-library (``custom_ops/ucx/`` -> ``_tfdist_ucx.so``, stamp ``_ucx_build_info.json``)
-is built the same way when the ``libucx-cu12`` wheel is installed, with its
-headers and libraries (rpath to the wheel's ``lib/``). A failed build does not
-fail the install: ``import tfdist_ext`` keeps working and only the features that
-need the ops raise an error that says how to rebuild.
+TensorFlow version it was built for is stamped beside it in ``_build_info.json``. The
+UCX engine's library (``custom_ops/ucx/`` -> ``_tfdist_ucx.so``, stamp
+``_ucx_build_info.json``) is built the same way when the ``libucx-cu12`` wheel is
+installed, with its headers and libraries (rpath to the wheel's ``lib/``). A failed
+build does not fail the install: ``import tfdist_ext`` keeps working and only the
+features that need the ops raise an error that says how to rebuild.
 
 Build in place (for a development checkout):
     python -m pip install --no-build-isolation -e .

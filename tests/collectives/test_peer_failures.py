@@ -43,7 +43,6 @@ def _wait_for(path, text, timeout):
     return False
 
 
-
 def _ends_in_time(worker, log):
     """Waits for the survivor `worker`; asserts it failed within LIMIT_SECONDS of now
     (its peer's end); returns its output."""
@@ -54,6 +53,7 @@ def _ends_in_time(worker, log):
     assert code != 0, out[-3000:]
     assert took < LIMIT_SECONDS, (took, out[-3000:])
     return out
+
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
