@@ -21,7 +21,7 @@ from conftest import ROOT, read_worker_json
 # Every test here may create network namespaces, veth pairs and netfilter queues on
 # this machine (named per job, cleaned by the launcher): they run in the serial phase
 # of the suite, not beside each other (see .ci/run).
-pytestmark = [pytest.mark.multiworker, pytest.mark.alone]
+pytestmark = [pytest.mark.multiworker, pytest.mark.alone, pytest.mark.quiet]
 from tfdist_ext.launch import cli, delayer, netbed, netjobs
 
 _MISSING = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
