@@ -55,10 +55,41 @@ def _ucx_flags():
     return str(root / "include"), str(root / "lib")
 
 
+# TensorFlow's framework headers that most sources include, compiled once into a
+# precompiled header (GCC's .gch) that every source then includes first: each source
+# parses them in about a quarter of the time. g++ ignores a .gch it cannot use and reads
+# the headers themselves, so a stale or mismatched one costs time, never correctness.
+PRECOMPILED_HEADERS = ("tensorflow/core/framework/op_kernel.h",
+                       "tensorflow/core/framework/op.h",
+                       "tensorflow/core/framework/shape_inference.h",
+                       "tensorflow/core/framework/common_shape_fns.h",
+                       "tensorflow/core/framework/tensor.h")
+
+
 def _compile(source, obj, compile_flags):
     cmd = ["g++", "-c", str(source), "-o", str(obj)] + EXTRA_FLAGS + compile_flags
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return source, result
+
+
+def _precompile(temp, compile_flags):
+    """Flags that make a source include the precompiled TF headers, or [] if it failed.
+
+    The .gch is built once per set of TF's flags and kept in the build folder: both
+    libraries use it (the UCX headers' include path is added after it).
+    """
+    header = temp / "tf_framework.h"
+    stamp = temp / "tf_framework.flags"
+    text = "".join(f'#include "{h}"\n' for h in PRECOMPILED_HEADERS)
+    key = json.dumps([text, EXTRA_FLAGS, compile_flags])
+    if not (stamp.exists() and stamp.read_text() == key):
+        header.write_text(text)
+        cmd = (["g++", "-x", "c++-header", str(header), "-o", str(header) + ".gch"]
+               + EXTRA_FLAGS + compile_flags)
+        if subprocess.run(cmd, capture_output=True, text=True, check=False).returncode != 0:
+            return []
+        stamp.write_text(key)
+    return ["-include", str(header)]
 
 
 class BuildTfOps(build_ext):
@@ -86,28 +117,35 @@ class BuildTfOps(build_ext):
                                                   "when the ops were built"})
                 return
             sources = sorted((custom_ops / UCX_SOURCES).rglob("*.cc"))
-            compile_flags = ["-I" + paths[0]] + compile_flags
+            library_flags = ["-I" + paths[0]]
             link_flags = link_flags + ["-L" + paths[1], "-lucp", "-lucs",
                                        "-Wl,-rpath," + paths[1]]
         else:
             sources = sorted(s for s in custom_ops.rglob("*.cc")
                              if UCX_SOURCES not in s.relative_to(custom_ops).parts[:1])
-        problem = self._build(sources, library, tf_version, compile_flags, link_flags)
+            library_flags = []
+        problem = self._build(sources, library, tf_version, compile_flags, link_flags,
+                              library_flags)
         if problem:
             self._give_up(info_paths, problem)
             return
-        _write_info(info_paths, {"tf_version": tf_version, "compile_flags": compile_flags,
+        _write_info(info_paths, {"tf_version": tf_version,
+                                 "compile_flags": library_flags + compile_flags,
                                  "link_flags": link_flags,
                                  "sources": [s.name for s in sources]})
         print(f"tfdist_ext: built {library} for TensorFlow {tf_version}")
 
-    def _build(self, sources, library, tf_version, compile_flags, link_flags):
-        """Compiles `sources` in parallel and links `library`; returns a problem or None."""
+    def _build(self, sources, library, tf_version, compile_flags, link_flags, library_flags):
+        """Compiles `sources` in parallel and links `library`; returns a problem or None.
+
+        `compile_flags` are TF's, `library_flags` this library's own (include paths).
+        """
         temp = pathlib.Path(self.build_temp)
         temp.mkdir(parents=True, exist_ok=True)
         objects = [temp / (s.relative_to(ROOT).as_posix().replace("/", "_") + ".o")
                    for s in sources]
         includes = ["-I" + str(ROOT / "custom_ops"), f'-DTFDIST_TF_VERSION="{tf_version}"']
+        includes += _precompile(temp, includes + compile_flags) + library_flags
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             results = list(pool.map(lambda so: _compile(so[0], so[1], includes + compile_flags),
                                     zip(sources, objects)))
