@@ -84,8 +84,10 @@ def test_a_worker_cut_off_from_the_network_is_removed_and_stops_alone(tmp_path):
 def test_a_straggler_is_removed_with_its_times_logged_and_no_step_is_discarded(tmp_path):
     """Elastic(straggler_factor=3, straggler_steps=10); worker 2 sleeps 50 ms before each
     step from batch 5 of every epoch on (the others' busy time is a few ms): after 10
-    such steps every member names it with the measured times, it leaves after the
-    next step with exit code 0, and the others train every batch and end alike."""
+    steps at >= 3x the others' median every member names it with the measured times, it
+    leaves after the next step with exit code 0, and the others train every batch and
+    end alike. On a busy machine a step before batch 5 can be 3x slow too (its CPU
+    taken), so the 10 may begin up to that many steps before the sleeps."""
     codes, texts, results = run_job(tmp_path, "straggler", kill_worker=2, kill_step=5,
                                      extra=(3, "mlp", "straggler"))
     assert codes == [0, 0, 0], [t[-3000:] for t in texts]
@@ -95,7 +97,8 @@ def test_a_straggler_is_removed_with_its_times_logged_and_no_step_is_discarded(t
         assert found and "it leaves the job after the next step" in text, text[-3000:]
         busy, others = ([float(v) for v in group.split(",")] for group in found.groups())
         assert len(busy) == len(others) == 10
-        assert all(b >= 0.05 and b >= 3 * o for b, o in zip(busy, others)), (busy, others)
+        assert all(b >= 3 * o for b, o in zip(busy, others)), (busy, others)
+        assert sorted(busy)[4] >= 0.05, busy  # most of the 10 are the 50 ms sleeps
     assert "worker 2 leaves the job after step" in texts[2] and "(a straggler)" in texts[2]
     assert sorted(results) == [0, 1]
     for r in results.values():
@@ -104,9 +107,10 @@ def test_a_straggler_is_removed_with_its_times_logged_and_no_step_is_discarded(t
         assert left["left"] == [2] and left["members"] == [0, 1]
         assert left["reason"] == "a straggler"
         # Slow from step 6 on: 10 slow steps, measured a step late, then the step that
-        # carries its request (later on a busy machine, where a slow step of the
-        # others can start the count again).
-        assert 17 <= left["step"] < 3 * 27, left
+        # carries its request: step 17 (later on a busy machine, where a slow step of
+        # the others can start the count again; as early as 12 when the count began
+        # with steps made slow by the machine).
+        assert 12 <= left["step"] < 3 * 27, left
         assert r["iterations"] == 3 * 27  # every step ran: none discarded
     assert results[0]["sha"] == results[1]["sha"]
     # Before worker 2 slowed down, nobody was taken for a straggler.
