@@ -22,6 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
+# Keras drives the strategy (tfdist_ext.frontends: the strategy does not import Keras).
+importlib.import_module("tfdist_ext.frontends").register("tfdist_ext.keras.keras_frontend")
 # keras.distribution on TensorFlow through tfdist_ext, once Keras is imported.
 importlib.import_module("tfdist_ext.distribution").install_after_keras()
 # A pod of a Kubernetes Indexed Job (TFDIST_WORKERS in its manifest): TF_CONFIG from it.

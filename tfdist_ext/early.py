@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Optional
 
-from tfdist_ext import startup
+from tfdist_ext import frontends, startup
 from tfdist_ext.elastic import beacon
 from tfdist_ext.elastic import options as elastic_options
 # `early.release()` ends the import-time watch, which lives in `startup`: the
@@ -66,8 +66,7 @@ def prepare() -> bool:
                                                 spec.task_index, coordination=not joining):
         return False
     share_cores(spec)
-    from tfdist_ext.keras import loader_seeds  # pylint: disable=import-outside-toplevel
-    loader_seeds.install(spec.worker_addresses)
+    frontends.get().prepare_workers(spec.worker_addresses)
     atexit.register(_finish_together, spec)
     startup.watch_import(spec)
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",

@@ -24,11 +24,11 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, cluster, compression, coordination, early, liveness, startup
+from tfdist_ext import (_compat, cluster, compression, coordination, early, frontends, liveness,
+                        startup)
 from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.elastic import recovery
-from tfdist_ext.keras import patch_check
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
@@ -37,7 +37,6 @@ from tfdist_ext.strategy_extended import KEY_BASE, KEY_SPAN, Extended
 
 log = logging.getLogger("tfdist_ext")
 ops_loader.check_build()
-patch_check.report()  # warns once if this Keras / TF is not one tfdist_ext was tested on
 
 class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     """Data-parallel training with a choice of how gradients travel.
@@ -144,11 +143,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             if decisions is not None:
                 self.allreduce_decisions = decisions
         self.sync_runner = config.sync.runner(self)
-        from tfdist_ext.keras import patches, preemption  # pylint: disable=import-outside-toplevel
-        patches.install(self)
-        # After TF's coordination service, whose own SIGTERM handler this replaces.
-        self.preemption = preemption.Preemption(self.extended.worker_devices[0])
-        self.preemption.install_handler()
+        self.preemption = frontends.get().attach(self)
         if elastic is not None and spec is not None and spec.num_workers > 1:
             if len(self.extended.worker_devices) != 1:
                 raise ValueError(f"Argument `elastic` needs one replica per worker; this "
@@ -232,9 +227,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def compression_decisions(self):
         """The decision rounds of `compression="adaptive"` so far (a list of dicts,
         see `tfdist_ext.keras.AdaptiveCompression.decisions`); empty otherwise."""
-        from tfdist_ext.keras import fit_callbacks  # pylint: disable=import-outside-toplevel
-        controller = fit_callbacks.kept(self).get("adaptive")
-        return list(controller.decisions) if controller else []
+        return frontends.get().compression_decisions(self)
 
     def broadcast_from_chief(self, values):
         """Every worker gets worker 0's `values` (a list of floats), eagerly.
@@ -251,8 +244,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.fit_hooks`)."""
-        from tfdist_ext.keras import fit_callbacks  # pylint: disable=import-outside-toplevel
-        return fit_callbacks.fit_callbacks(self)
+        return frontends.get().fit_callbacks(self)
 
     @contextlib.contextmanager
     def worker_local_reductions(self):
