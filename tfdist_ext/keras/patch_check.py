@@ -1,10 +1,11 @@
-"""What each Keras / TF member tfdist_ext patches is expected to be, checked at import.
+"""What each Keras / TF member tfdist_ext patches is expected to be, checked before patching.
 
 `tfdist_ext.keras.patches` and `tfdist_ext.distribution` replace 29 members of
 Keras and TensorFlow, most of them private. This module lists, for each, the signature it had on every
 version tfdist_ext was tested on and the feature that needs it. `check` (run
-once at `import tfdist_ext`) compares the installed Keras and TensorFlow with
-that list:
+once a process: when Keras and tfdist_ext have both been imported, as
+`tfdist_ext.distribution` installs, or else at the first `Strategy`) compares the
+installed Keras and TensorFlow with that list:
 
 * a version outside the tested range gives one warning naming the version
   and the members that differ from what tfdist_ext expects (or none);
@@ -191,7 +192,7 @@ class Report:
         return label(owner, name) not in self.differing
 
     def warning(self):
-        """The import-time warning, or None when the versions are tested and nothing differs."""
+        """The warning `report` gives, or None when the versions are tested and nothing differs."""
         if self.tested and not self.differing:
             return None
         text = (f"tfdist_ext was tested with Keras {TESTED_KERAS[0]}-{TESTED_KERAS[1]} and "
