@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT, read_worker_json
 
 # Every test here may create network namespaces, veth pairs and netfilter queues on
-# this machine (named per job, cleaned by the launcher): they run in the serial phase
-# of the suite, not beside each other (see .ci/run).
+# this machine (named per job, cleaned by the launcher): they run in the suite's last,
+# one-at-a-time phase (`quiet`, see tests/run), not beside each other.
 pytestmark = [pytest.mark.multiworker, pytest.mark.alone, pytest.mark.quiet]
 from tfdist_ext.launch import cli, delayer, netbed, netjobs
 

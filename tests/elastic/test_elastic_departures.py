@@ -87,7 +87,7 @@ def test_a_straggler_is_removed_with_its_times_logged_and_no_step_is_discarded(t
     steps at >= 3x the others' median every member names it with the measured times, it
     leaves after the next step with exit code 0, and the others train every batch and
     end alike. On a busy machine a step before batch 5 can be 3x slow too (its CPU
-    taken), so the 10 may begin up to that many steps before the sleeps."""
+    taken), so the 10 may begin a few steps before the sleeps do."""
     codes, texts, results = run_job(tmp_path, "straggler", kill_worker=2, kill_step=5,
                                      extra=(3, "mlp", "straggler"))
     assert codes == [0, 0, 0], [t[-3000:] for t in texts]
