@@ -261,3 +261,17 @@ def test_step_models_run_and_match_their_pytorch_twins():
     import step_torch  # pylint: disable=import-outside-toplevel
     for name, count in counts.items():
         assert sum(p.numel() for p in step_torch.build(torch, name).parameters()) == count, name
+
+
+@pytest.mark.multiworker
+def test_startup_benchmark_tiny(tmp_path):
+    out = tmp_path / "startup.json"
+    _run("startup.py", "--workers", "2", "--repeats", "1", "--json", str(out), "--png",
+         str(tmp_path / "startup.png"))
+    data = json.loads(out.read_text())
+    for mode in ("executed", "preload"):
+        row = data["rows"][mode]["2"]
+        assert 0 < row["imported"]["median"] < row["wall"]["median"] < 300
+        assert row["cpu"]["median"] > 0
+    assert set(data["preload_over_executed"]["2"]) == {"wall", "cpu", "imported"}
+    assert data["commit"] and (tmp_path / "startup.png").stat().st_size > 0

@@ -1,4 +1,9 @@
-"""tfdist-run with plain Python workers (no TensorFlow, so each case takes ~1 s)."""
+"""tfdist-run with plain Python workers (no TensorFlow, so each case takes ~1 s).
+
+The supervision tests run twice: workers executed, and workers forked from a preload
+template (`--preload colorsys`, a module no fresh Python imports: the workers say
+whether they found it imported).
+"""
 
 import json
 import os
@@ -17,11 +22,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Each worker learns its index from TF_CONFIG, records its pid (and a child's).
 WORKER = """
 import json, os, subprocess, sys, time
+preloaded = "colorsys" in sys.modules
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 with open(os.path.join(sys.argv[1], f"pids{index}"), "w") as f:
     f.write(f"{os.getpid()} {child.pid}")
-print(f"hello from {index}", flush=True)
+print(f"hello from {index}, preloaded {preloaded}", flush=True)
 mode = sys.argv[2]
 if mode == "fail" and index == 1:
     time.sleep(0.5)
@@ -35,11 +41,17 @@ time.sleep(120)
 """
 
 
-def _start(tmp_path, num_workers, mode, *options):
+@pytest.fixture(params=["executed", "forked"])
+def how(request):
+    """The launcher options that start workers one way or the other."""
+    return ("--preload", "colorsys") if request.param == "forked" else ("--preload", "")
+
+
+def _start(tmp_path, num_workers, mode, how, *options):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     return subprocess.Popen(
-        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers), *options,
+        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(num_workers), *how, *options,
          sys.executable, str(script), str(tmp_path), mode],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -64,16 +76,16 @@ def _alive(pid):
         return f.read().split()[2] != "Z"
 
 
-def test_success_prefixes_output_and_returns_zero(tmp_path):
-    launcher = _start(tmp_path, 3, "ok")
+def test_success_prefixes_output_and_returns_zero(tmp_path, how):
+    launcher = _start(tmp_path, 3, "ok", how)
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 0, out
     for i in range(3):
-        assert f"[{i}] hello from {i}" in out
+        assert f"[{i}] hello from {i}, preloaded {'colorsys' in how}" in out
 
 
-def test_failing_worker_stops_the_others_and_is_named(tmp_path):
-    launcher = _start(tmp_path, 3, "fail")
+def test_failing_worker_stops_the_others_and_is_named(tmp_path, how):
+    launcher = _start(tmp_path, 3, "fail", how)
     pids = _pids(tmp_path, 3)
     start = time.monotonic()
     out, _ = launcher.communicate(timeout=30)
@@ -85,8 +97,8 @@ def test_failing_worker_stops_the_others_and_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_reaches_every_worker(tmp_path, sig, code):
-    launcher = _start(tmp_path, 2, "hang", "--grace", "1")
+def test_signal_reaches_every_worker(tmp_path, sig, code, how):
+    launcher = _start(tmp_path, 2, "hang", how, "--grace", "1")
     pids = _pids(tmp_path, 2)
     launcher.send_signal(sig)
     out, _ = launcher.communicate(timeout=30)
@@ -96,8 +108,8 @@ def test_signal_reaches_every_worker(tmp_path, sig, code):
     assert [p for p in pids if _alive(p)] == []
 
 
-def test_timeout_stops_the_job(tmp_path):
-    launcher = _start(tmp_path, 2, "hang", "--timeout", "2", "--grace", "1")
+def test_timeout_stops_the_job(tmp_path, how):
+    launcher = _start(tmp_path, 2, "hang", how, "--timeout", "2", "--grace", "1")
     pids = _pids(tmp_path, 2)
     out, _ = launcher.communicate(timeout=30)
     assert launcher.returncode == 124, out
@@ -117,6 +129,9 @@ def test_timeout_stops_the_job(tmp_path):
     (["-np", "3", "-H", "localhost:2", "true"], "argument -np: 3 workers do not fit the 2 "
                                                 "slots of -H"),
     (["-np", "2", "-H", "localhost", "true"], "2 workers do not fit the 1 slots of -H"),
+    (["-np", "2", "--preload", "tensorflow,2keras", "true"],
+     "argument --preload: --preload / TFDIST_PRELOAD: '2keras' is not a module name; give "
+     "comma-separated module names, e.g. 'tensorflow,keras'."),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -170,8 +185,8 @@ def test_parameter_servers_get_ps_tasks_after_the_workers():
 
 
 @pytest.mark.parametrize("mode, code, restarts", [("fail_once", 0, 1), ("fail", 3, 2)])
-def test_max_restarts_starts_the_job_again_and_says_why(tmp_path, mode, code, restarts):
-    launcher = _start(tmp_path, 2, mode, "--max-restarts", "2")
+def test_max_restarts_starts_the_job_again_and_says_why(tmp_path, mode, code, restarts, how):
+    launcher = _start(tmp_path, 2, mode, how, "--max-restarts", "2")
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == code, out
     for attempt in range(1, restarts + 1):

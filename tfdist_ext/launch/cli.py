@@ -16,7 +16,7 @@ import socket
 import sys
 
 from tfdist_ext import startup
-from tfdist_ext.launch import linkspec, netbed, output, profiling
+from tfdist_ext.launch import linkspec, netbed, output, preload, profiling
 from tfdist_ext.launch.launcher import Launcher
 
 
@@ -135,6 +135,13 @@ def _output_mode(value):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _preload(value):
+    try:
+        return preload.modules_from(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def build_parser():
     # allow_abbrev=False: argparse would otherwise match prefixes of our options
     # inside the worker's own arguments (`train.py --link x` -> "ambiguous option").
@@ -180,6 +187,13 @@ def build_parser():
                         help="'chief' (default): worker 0's live progress bar and each "
                              "line once (another worker's line only where it differs); "
                              "'all': every worker's lines; N: worker N's only")
+    parser.add_argument("--preload", type=_preload, default=None, metavar="MODULES",
+                        help="import MODULES (comma-separated, e.g. tensorflow,keras) once "
+                             "in a template process and fork each worker from it instead "
+                             "of starting a fresh Python: a worker and an elastic "
+                             "replacement skip the imports (default: $TFDIST_PRELOAD, "
+                             "else none; applies to `python script.py` and `python -m "
+                             "module`)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show TensorFlow's C++ log lines (filtered by default)")
     parser.add_argument("--link-bandwidth", type=_rate, default=None, metavar="RATE",
@@ -267,7 +281,7 @@ def main(argv=None) -> int:
     launcher = Launcher(args.num_workers, command, timeout=args.timeout, grace=args.grace,
                         verbose=args.verbose, max_restarts=args.max_restarts,
                         num_servers=args.num_servers, output=args.output,
-                        elastic=args.elastic)
+                        elastic=args.elastic, preload=args.preload)
     try:
         if shaped:
             return _run_shaped(args, command, launcher, layout)

@@ -22,6 +22,7 @@ from tfdist_ext.launch.addresses import free_ports, tf_configs
 from tfdist_ext.launch.elastic_env import REPLACEMENT_DELAY_SECONDS
 from tfdist_ext.launch.elastic_env import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.output import Output
+from tfdist_ext.launch import preload as preload_lib
 
 EXIT_TIMEOUT = 124
 REPLACEMENT_GRACE_SECONDS = 30.0  # elastic: how long a late replacement may run on alone
@@ -103,11 +104,16 @@ class Launcher:
             job, up to `max_restarts` times in all; the job succeeds when every
             worker left does. Workers get ``TFDIST_ELASTIC=1``, which
             `tfdist_ext.Strategy` reads.
+        preload: Module names (e.g. ``["tensorflow", "keras"]``) imported once by a
+            template process that forks the workers (`tfdist_ext.launch.preload`);
+            None reads ``TFDIST_PRELOAD`` (unset: none). Commands other than
+            ``python script.py`` / ``python -m module`` of this interpreter, and
+            workers in the network test bed, are executed as usual.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
                  verbose=False, env=None, out=None, network=None, max_restarts=0,
-                 num_servers=0, output="chief", elastic=False):
+                 num_servers=0, output="chief", elastic=False, preload=None):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.command = list(command)
@@ -133,6 +139,9 @@ class Launcher:
         self.restarts = 0
         self._started = None
         self._failure = None  # why the last attempt ended (None: success, timeout or signal)
+        self.preload = preload_lib.modules_from(
+            os.environ.get(preload_lib.VARIABLE) if preload is None else ",".join(preload))
+        self._template: Optional[preload_lib.Template] = None
 
     def say(self, message: str):
         self.output.say(f"tfdist-run: {message}")
@@ -166,8 +175,24 @@ class Launcher:
         # `ip netns exec` execs the command: the pid and process group stay the same.
         command = (self.network.wrap(index, self.command, server=server) if self.network
                    else self.command)
-        env = dict(os.environ, TF_CONFIG=config, PYTHONUNBUFFERED="1",
-                   TFDIST_RESTART=str(self.restarts), **self.env)
+        env = dict(self._common_env(), TF_CONFIG=config)
+        arguments = (None if self.network or not self.preload
+                     else preload_lib.python_arguments(command))
+        process = self._forked(arguments, env) if arguments else None
+        if process is None:
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+        worker = Worker(index, process, server=server)
+        pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+        return worker
+
+    def _common_env(self) -> Dict[str, str]:
+        """Every worker's environment but TF_CONFIG."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TFDIST_RESTART=str(self.restarts),
+                   **self.env)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env.setdefault("GRPC_VERBOSITY", "ERROR")
         if self.num_workers + self.num_servers > len(os.sched_getaffinity(0)):
@@ -178,14 +203,26 @@ class Launcher:
             # Each namespace stands for a host: UCX must cross the shaped links
             # over TCP, not take shared memory or CMA around them.
             env.setdefault("UCX_TLS", "tcp")
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-        worker = Worker(index, process, server=server)
-        pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
-        pump.start()
-        self._pumps.append(pump)
-        return worker
+        return env
+
+    def _forked(self, arguments, env):
+        """A worker forked from the preload template, or None (then it is executed)."""
+        try:
+            if self._template is None:
+                common = self._common_env()
+                common.pop("TF_CONFIG", None)
+                self._template = preload_lib.Template(self.preload, common)
+            return self._template.start(arguments, env)
+        except (preload_lib.PreloadError, OSError) as error:
+            self.say(f"{error}; starting workers without --preload.")
+            self.preload = []
+            self._close_template()
+            return None
+
+    def _close_template(self):
+        if self._template is not None:
+            self._template.close()
+            self._template = None
 
     def _replace(self, worker: Worker):
         """Elastic: starts a dead worker again (it rejoins the running job) once the
@@ -282,6 +319,7 @@ class Launcher:
         finally:
             if any(w.process.poll() is None for w in self.workers):
                 self.stop_all()  # An exception left workers running.
+            self._close_template()
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 
