@@ -132,6 +132,9 @@ def test_timeout_stops_the_job(tmp_path, how):
     (["-np", "2", "--preload", "tensorflow,2keras", "true"],
      "argument --preload: --preload / TFDIST_PRELOAD: '2keras' is not a module name; give "
      "comma-separated module names, e.g. 'tensorflow,keras'."),
+    (["-np", "2", "--preload", "keras,tfdist_ext", "true"],
+     "argument --preload: --preload / TFDIST_PRELOAD: 'tfdist_ext' cannot be preloaded: each "
+     "worker imports tfdist_ext itself, for its own TF_CONFIG; preload 'tensorflow,keras'."),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

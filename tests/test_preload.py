@@ -27,7 +27,7 @@ seen = {"preloaded": "colorsys" in sys.modules, "argv": sys.argv, "path0": sys.p
         "cwd": os.getcwd(), "task": json.loads(os.environ["TF_CONFIG"])["task"]["index"],
         "extra": os.environ.get("PROBE_EXTRA"), "restart": os.environ["TFDIST_RESTART"]}
 draws = [int(x) for x in np.random.randint(0, 2**31, size=4)]
-atexit.register(print, "atexit ran", flush=True)
+atexit.register(lambda: print("atexit ran", sys.argv[0], flush=True))
 print("probe", json.dumps(seen, sort_keys=True), flush=True)
 print("draws", draws, flush=True)
 mode = sys.argv[1]
@@ -37,6 +37,11 @@ if mode == "raise":
     raise RuntimeError("boom from the probe")
 if mode == "code":
     sys.exit(7)
+if mode == "hook":
+    sys.excepthook = lambda kind, value, frames: print("the script's hook:", value)
+    raise ValueError("for the hook")
+if mode == "interrupt":
+    raise KeyboardInterrupt
 """
 
 
@@ -56,13 +61,14 @@ def _seen(out):
 @pytest.mark.parametrize("form", ["script", "module"])
 @pytest.mark.parametrize("mode, code, says", [
     ("ok", 0, None), ("message", 1, "a message for stderr"),
-    ("raise", 1, "RuntimeError: boom from the probe"), ("code", 7, None)])
+    ("raise", 1, "RuntimeError: boom from the probe"), ("code", 7, None),
+    ("hook", 1, "the script's hook: for the hook"), ("interrupt", 130, "KeyboardInterrupt")])
 def test_a_forked_worker_sees_and_exits_as_an_executed_one(tmp_path, form, mode, code, says):
     (tmp_path / "probe.py").write_text(PROBE)
     command = ([sys.executable, "probe.py", mode] if form == "script"
                else [sys.executable, "-m", "probe", mode])
     workers = 2 if code == 0 else 1  # a failure stops the other worker wherever it is
-    results = {}
+    results, shutdowns = {}, {}
     for modules in ("", "colorsys"):
         result = _launch(tmp_path, modules, command, workers=workers)
         out = result.stdout + result.stderr
@@ -76,6 +82,8 @@ def test_a_forked_worker_sees_and_exits_as_an_executed_one(tmp_path, form, mode,
         seen = _seen(out)
         assert sorted(s["task"] for s in seen) == list(range(workers)), out
         results[modules] = seen
+        shutdowns[modules] = sorted(line for line in out.splitlines() if "atexit ran" in line)
+    assert shutdowns[""] == shutdowns["colorsys"]  # argv[0] kept to the end
     executed, forked = results[""], results["colorsys"]
     assert {s["preloaded"] for s in executed} == {False}
     assert {s["preloaded"] for s in forked} == {True}
@@ -115,6 +123,18 @@ def test_a_module_that_fails_to_import_is_reported_and_workers_are_executed(tmp_
     assert "No module named 'no_such_module_here'" in result.stdout
     assert "starting workers without --preload." in result.stdout
     assert [s["preloaded"] for s in _seen(result.stdout)] == [False, False]
+
+
+def test_a_virtual_environment_of_the_same_python_is_another_interpreter(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {pathlib.Path(sys.executable).parent}\n")
+    (tmp_path / "train.py").write_text("")
+    assert preload.python_arguments([str(venv / "bin" / "python"),
+                                     str(tmp_path / "train.py")]) is None
+    with pytest.raises(ValueError, match="pid must be positive, not 0"):
+        preload.ForkedProcess(0, None)
 
 
 @pytest.mark.parametrize("command, expected", [

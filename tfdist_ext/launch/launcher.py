@@ -47,8 +47,6 @@ class Worker:
 
 # Seconds parameter servers get to exit by themselves once every worker has succeeded.
 SERVER_GRACE = 15.0
-
-
 # Seconds workers get between a forwarded SIGINT / SIGTERM and the SIGTERM + SIGKILL of
 # `stop_all`: a `tfdist_ext.Strategy` stops all workers at a common step and writes its
 # backups on SIGTERM (`tfdist_ext.keras.preemption`).
@@ -104,11 +102,10 @@ class Launcher:
             job, up to `max_restarts` times in all; the job succeeds when every
             worker left does. Workers get ``TFDIST_ELASTIC=1``, which
             `tfdist_ext.Strategy` reads.
-        preload: Module names (e.g. ``["tensorflow", "keras"]``) imported once by a
-            template process that forks the workers (`tfdist_ext.launch.preload`);
-            None reads ``TFDIST_PRELOAD`` (unset: none). Commands other than
-            ``python script.py`` / ``python -m module`` of this interpreter, and
-            workers in the network test bed, are executed as usual.
+        preload: Module names (``["tensorflow", "keras"]``) imported once by a template
+            process that forks the workers (`tfdist_ext.launch.preload`; None reads
+            ``TFDIST_PRELOAD``). Other commands than ``python script.py`` / ``python -m
+            module`` of this interpreter, and test-bed workers, are executed as usual.
     """
 
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
@@ -209,15 +206,20 @@ class Launcher:
         """A worker forked from the preload template, or None (then it is executed)."""
         try:
             if self._template is None:
-                common = self._common_env()
-                common.pop("TF_CONFIG", None)
-                self._template = preload_lib.Template(self.preload, common)
+                common = {k: v for k, v in self._common_env().items() if k != "TF_CONFIG"}
+                self._template = preload_lib.Template(self.preload, common, self._should_stop)
             return self._template.start(arguments, env)
         except (preload_lib.PreloadError, OSError) as error:
             self.say(f"{error}; starting workers without --preload.")
             self.preload = []
             self._close_template()
             return None
+
+    def _should_stop(self) -> bool:
+        """A signal or the timeout came while the launcher waited (for the template)."""
+        return self._stop_signal is not None or (
+            self.timeout is not None and self._started is not None
+            and time.monotonic() - self._started > self.timeout)
 
     def _close_template(self):
         if self._template is not None:

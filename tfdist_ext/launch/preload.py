@@ -26,6 +26,7 @@ which is the workers' environment without ``TF_CONFIG``.
 import ctypes
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -37,6 +38,7 @@ VARIABLE = "TFDIST_PRELOAD"
 # tfdist_ext for the template's environment before any worker's TF_CONFIG is known.
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template.py")
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 class PreloadError(RuntimeError):
@@ -55,15 +57,25 @@ def modules_from(value: Optional[str]) -> List[str]:
             raise ValueError(
                 f"--preload / {VARIABLE}: {name!r} is not a module name; give "
                 "comma-separated module names, e.g. 'tensorflow,keras'.")
+        if name.split(".")[0] == "tfdist_ext":
+            raise ValueError(
+                f"--preload / {VARIABLE}: {name!r} cannot be preloaded: each worker "
+                "imports tfdist_ext itself, for its own TF_CONFIG; preload "
+                "'tensorflow,keras'.")
     return names
 
 
 def python_arguments(command: Sequence[str]) -> Optional[List[str]]:
-    """The script or ``-m module`` part of `command` if it runs this interpreter, else None."""
+    """The script or ``-m module`` part of `command` if it runs this interpreter, else None.
+
+    This interpreter: the same executable file in the same environment (a virtual
+    environment's ``python`` links to its base interpreter but has its own packages).
+    """
     if not command:
         return None
     program = shutil.which(command[0])
-    if program is None or os.path.realpath(program) != os.path.realpath(sys.executable):
+    if (program is None or os.path.realpath(program) != os.path.realpath(sys.executable)
+            or _environment(program) != _environment(sys.executable)):
         return None
     rest = list(command[1:])
     if rest[:1] == ["-u"]:
@@ -75,16 +87,30 @@ def python_arguments(command: Sequence[str]) -> Optional[List[str]]:
     return None
 
 
-def _set_subreaper(on: bool):
+def _environment(program: str) -> Optional[str]:
+    """The virtual environment `program` belongs to (its pyvenv.cfg), or None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(program)))
+    marker = os.path.join(root, "pyvenv.cfg")
+    return root if os.path.isfile(marker) else None
+
+
+def _subreaper(on: Optional[bool] = None) -> bool:
+    """Whether this process is a child subreaper; first sets it when `on` is given."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+    if on is not None and libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    value = ctypes.c_int(0)
+    if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_GET_CHILD_SUBREAPER) failed")
+    return bool(value.value)
 
 
 class ForkedProcess:
     """A worker forked by the template: the parts of `subprocess.Popen` the launcher uses."""
 
     def __init__(self, pid: int, stdout):
+        if pid <= 0:
+            raise ValueError(f"a forked worker's pid must be positive, not {pid}")
         self.pid = pid
         self.stdout = stdout
         self.returncode: Optional[int] = None
@@ -93,7 +119,8 @@ class ForkedProcess:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): as Popen does
+                self.returncode = 0
                 return self.returncode
             if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
@@ -112,21 +139,37 @@ class Template:
     Args:
         modules: Module names to import once (e.g. ``["tensorflow", "keras"]``).
         env: The template's environment: the workers' without what differs per worker.
+        stop: Called while waiting for the template; True gives up (PreloadError), so
+            that a signal or timeout of the launcher is not held up by the imports.
     """
 
-    def __init__(self, modules: Sequence[str], env: dict):
-        _set_subreaper(True)
+    def __init__(self, modules: Sequence[str], env: dict, stop=lambda: False):
+        self._was_subreaper = _subreaper()
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._process = subprocess.Popen(
-            [sys.executable, TEMPLATE, str(theirs.fileno()), ",".join(modules)],
-            env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        theirs.close()
+        try:
+            _subreaper(True)
+            self._process = subprocess.Popen(
+                [sys.executable, TEMPLATE, str(theirs.fileno()), ",".join(modules)],
+                env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            self._socket.close()
+            _subreaper(self._was_subreaper)
+            raise
+        finally:
+            theirs.close()
         self.modules = list(modules)
+        self._stop = stop
         self._ready = False
 
     def _answer(self) -> dict:
-        data = self._socket.recv(1 << 20)
+        while not select.select([self._socket], [], [], 0.1)[0]:
+            if self._stop():
+                raise PreloadError("stopped while the preload template was importing")
+        try:
+            data = self._socket.recv(1 << 20)
+        except OSError:
+            data = b""
         if not data:
             code = self._process.wait()
             raise PreloadError(f"the preload template exited with code {code}")
@@ -149,6 +192,12 @@ class Template:
         try:
             request = {"argv": list(arguments), "env": dict(env), "cwd": os.getcwd()}
             socket.send_fds(self._socket, [json.dumps(request).encode()], [write])
+        except OSError as error:
+            os.close(read)
+            code = self._process.poll()
+            raise PreloadError(f"the preload template did not take the request ({error}"
+                               + (f"; it exited with code {code})" if code is not None
+                                  else ")")) from None
         finally:
             os.close(write)
         try:
@@ -159,11 +208,11 @@ class Template:
         return ForkedProcess(pid, os.fdopen(read, "rb", buffering=0))
 
     def close(self):
-        """Stops the template (its workers go on) and ends the launcher's subreaping."""
+        """Stops the template (its workers go on); the launcher's subreaping is as before."""
         self._socket.close()
         try:
             self._process.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        _set_subreaper(False)
+        _subreaper(self._was_subreaper)
