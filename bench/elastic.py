@@ -33,6 +33,10 @@ ended with the same weights. The PNG's second panel is the step rate over time
 of both jobs with the kills marked. `admission_pauses`: per replacement's
 admission, the seconds the members did not step beyond their median step.
 
+`--preload tensorflow,keras` forks the workers and the replacements from a template that
+imported those modules once (`tfdist_ext.launch.preload`, as `tfdist-run --preload`):
+a replacement then rejoins without importing TensorFlow again.
+
 `--cpus-per-worker C` caps every worker and replacement at C cores
 (`tfdist_ext.launch.cpucap`): on a machine with fewer cores than workers, the
 survivors of a failure would otherwise step faster than the full job, and
@@ -86,6 +90,10 @@ def parse_args(argv=None):
                              "are for testing); raise it for long runs, so that the model "
                              "does not fit the training set long before the end")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--preload", default="",
+                        help="fork the workers and replacements from a template that "
+                             "imported these modules once (tensorflow,keras), as "
+                             "`tfdist-run --preload` does; default: fresh processes")
     parser.add_argument("--cpus-per-worker", type=float, default=0.0,
                         help="cap each worker (and its replacements) at this many cores with "
                              "a cgroup, so that a death does not speed up the others on a "
@@ -238,22 +246,35 @@ def job(args, name, kills, out_root, killer=False):
     caps = (CpuCaps(f"bench-{os.getpid()}-{time.monotonic_ns()}", args.cpus_per_worker)
             if args.cpus_per_worker else contextlib.nullcontext())
 
+    from tfdist_ext.launch import preload  # pylint: disable=import-outside-toplevel
+    common = dict(os.environ, TFDIST_ELASTIC="1",
+                  PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    common.pop("TF_CONFIG", None)
+    modules = preload.modules_from(args.preload)
+    template = preload.Template(modules, common) if modules else None
+
     def start(i, tag=""):
-        env = dict(os.environ, TF_CONFIG=configs[i], TFDIST_ELASTIC="1",
-                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        command = [sys.executable, __file__, "--worker", str(out), "--workers",
+        command = [__file__, "--worker", str(out), "--workers",
                    str(args.workers), "--epochs", str(args.epochs), "--kill", kill,
                    "--hidden", str(args.hidden), "--batch", str(args.batch),
                    "--samples", str(args.samples)]
+        env = dict(common, TF_CONFIG=configs[i])
         with open(out / f"w{i}{tag}.log", "w", encoding="utf-8") as log:
-            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            if template is not None:
+                proc = template.start(command, env, cwd=str(ROOT), output=log.fileno())
+            else:
+                proc = subprocess.Popen([sys.executable, *command], env=env, cwd=ROOT,
+                                        stdout=log, stderr=subprocess.STDOUT)
         if args.cpus_per_worker:
             caps.add(i, proc.pid)
         return proc
 
-    with caps:
-        return _supervise(args, out, start, killer)
+    try:
+        with caps:
+            return _supervise(args, out, start, killer)
+    finally:
+        if template is not None:
+            template.close()
 
 
 def _supervise(args, out, start, killer):

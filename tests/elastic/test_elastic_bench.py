@@ -41,9 +41,10 @@ def test_benchmark_reports_each_failure(tmp_path):
 @pytest.mark.alone
 def test_benchmark_random_killer_reports_the_time_to_full_size(tmp_path):
     # The kill comes about 2 s after both fits began; 60 epochs (about 40 s of fit on this
-    # machine) leave the replacement, started 2 s later, time to start up and join.
+    # machine) leave the replacement, started 2 s later, time to start up and join. The
+    # workers and the replacement are forked from a preload template (`--preload`).
     report = _bench(tmp_path, "--workers", "2", "--mtbf", "2", "--failures", "1", "--epochs",
-                    "60", timeout=600)
+                    "60", "--preload", "tensorflow,keras", timeout=600)
     (failure,) = report["failures"]
     assert report["kills_without_failure"] == []
     (victim,) = failure["dead"]

@@ -28,6 +28,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -129,6 +130,13 @@ class ForkedProcess:
     def poll(self) -> Optional[int]:
         return self._reap(os.WNOHANG)
 
+    def send_signal(self, sig: int):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
     def wait(self) -> int:
         return self._reap(0)
 
@@ -179,8 +187,16 @@ class Template:
                                f"{answer['error']}")
         return answer
 
-    def start(self, arguments: Sequence[str], env: dict) -> ForkedProcess:
-        """Forks a worker running `arguments` (`python_arguments`) with `env`.
+    def start(self, arguments: Sequence[str], env: dict, cwd: Optional[str] = None,
+              output: Optional[int] = None) -> ForkedProcess:
+        """Forks a worker running `arguments` (`python_arguments`) with `env` in `cwd`.
+
+        Args:
+            arguments: The script and its arguments, or ``-m`` and a module and its.
+            env: The worker's whole environment.
+            cwd: Its working directory (default: this process's).
+            output: A file descriptor for its stdout and stderr (the caller keeps it
+                open or closes it); None: a pipe, readable as the result's `stdout`.
 
         Raises:
             PreloadError: the template could not import the modules, or died.
@@ -188,24 +204,24 @@ class Template:
         if not self._ready:
             self._answer()
             self._ready = True
-        read, write = os.pipe()
+        read, write = os.pipe() if output is None else (None, output)
         try:
-            request = {"argv": list(arguments), "env": dict(env), "cwd": os.getcwd()}
+            request = {"argv": list(arguments), "env": dict(env), "cwd": cwd or os.getcwd()}
             socket.send_fds(self._socket, [json.dumps(request).encode()], [write])
-        except OSError as error:
-            os.close(read)
+            pid = self._answer()["pid"]
+        except BaseException as error:
+            if read is not None:
+                os.close(read)
+            if not isinstance(error, OSError):
+                raise
             code = self._process.poll()
             raise PreloadError(f"the preload template did not take the request ({error}"
                                + (f"; it exited with code {code})" if code is not None
                                   else ")")) from None
         finally:
-            os.close(write)
-        try:
-            pid = self._answer()["pid"]
-        except BaseException:
-            os.close(read)
-            raise
-        return ForkedProcess(pid, os.fdopen(read, "rb", buffering=0))
+            if output is None:
+                os.close(write)
+        return ForkedProcess(pid, None if read is None else os.fdopen(read, "rb", buffering=0))
 
     def close(self):
         """Stops the template (its workers go on); the launcher's subreaping is as before."""
