@@ -130,6 +130,14 @@ def plot(result, path):
     figure.savefig(path, dpi=110)
 
 
+def _write_script(folder):
+    """The worker program, written into `folder`; returns its path."""
+    script = os.path.join(folder, "startup_fit.py")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(SCRIPT)
+    return script
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
@@ -138,9 +146,7 @@ def main():
     harness.add_arguments(parser, repeats=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        script = os.path.join(folder, "startup_fit.py")
-        with open(script, "w", encoding="utf-8") as f:
-            f.write(SCRIPT)
+        script = _write_script(folder)
         runs = {mode: {w: [] for w in args.workers} for mode in MODES}
         rejoins = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
