@@ -54,15 +54,20 @@ print("STARTUP", imported, preloaded, flush=True)
 MODES = {"executed": "", "preload": "tensorflow,keras"}
 
 
+def _launch(workers, modules, options, args, **env):
+    """`tfdist-run -np WORKERS --preload MODULES OPTIONS python ARGS` from the repository."""
+    return subprocess.run(
+        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers), "--output", "all",
+         "--timeout", "300", "--preload", modules, *options, sys.executable, *args],
+        capture_output=True, text=True, check=False, cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT), **env))
+
+
 def run_job(script, workers, modules):
     """One job; returns {wall, cpu, imported, preloaded} (seconds)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
-    result = subprocess.run(
-        [sys.executable, "-m", "tfdist_ext.launch", "-np", str(workers), "--output", "all",
-         "--timeout", "300", "--preload", modules, sys.executable, script],
-        capture_output=True, text=True, check=False, cwd=harness.ROOT,
-        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+    result = _launch(workers, modules, [], [script])
     wall = time.time() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [line.split("STARTUP ", 1)[1].split() for line in result.stdout.splitlines()
@@ -81,12 +86,8 @@ def rejoin(modules, folder):
     out = os.path.join(folder, f"rejoin-{len(os.listdir(folder))}")
     os.makedirs(out)
     worker = os.path.join(harness.ROOT, "tests", "workers", "elastic_fit.py")
-    result = subprocess.run(
-        [sys.executable, "-m", "tfdist_ext.launch", "-np", "3", "--elastic", "--output", "all",
-         "--timeout", "300", "--preload", modules, sys.executable, worker, out, "2", "10", "4",
-         "mlp"],
-        capture_output=True, text=True, check=False, cwd=harness.ROOT,
-        env=dict(os.environ, PYTHONPATH=str(harness.ROOT), WAIT_REJOIN="1"))
+    result = _launch(3, modules, ["--elastic"], [worker, out, "2", "10", "4", "mlp"],
+                     WAIT_REJOIN="1")
     if result.returncode != 0:
         raise RuntimeError(f"the elastic job failed:\n{result.stdout[-4000:]}")
     with open(os.path.join(out, "killed.txt"), encoding="utf-8") as f:
@@ -125,7 +126,7 @@ def plot(result, path):
         axes[3].set_title("3 workers, --elastic: kill to rejoin (s)", fontsize=9)
     axes[0].legend()
     figure.suptitle(f"tfdist-run start-up, median of {result['repeats']} "
-                    f"({result['machine']['cpu_count']} cores)", fontsize=10)
+                    f"({os.cpu_count()} cores)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -150,8 +151,9 @@ def main():
         runs = {mode: {w: [] for w in args.workers} for mode in MODES}
         rejoins = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
+            order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
             for workers in args.workers:
-                for mode in (MODES if repeat % 2 == 0 else reversed(list(MODES))):
+                for mode in order:
                     run = run_job(script, workers, MODES[mode])
                     if run["preloaded"] != (mode == "preload"):
                         raise RuntimeError(f"{mode}: the workers' preloaded flag is "
@@ -160,11 +162,9 @@ def main():
                     print(f"repeat {repeat} workers {workers} {mode}: "
                           + ", ".join(f"{k} {v:.2f}" for k, v in run.items()
                                       if k != "preloaded"), flush=True)
-            for mode in (MODES if repeat % 2 == 0 else reversed(list(MODES))):
-                if args.rejoin:
-                    rejoins[mode].append(rejoin(MODES[mode], folder))
-                    print(f"repeat {repeat} rejoin {mode}: {rejoins[mode][-1]:.2f} s",
-                          flush=True)
+            for mode in order if args.rejoin else ():
+                rejoins[mode].append(rejoin(MODES[mode], folder))
+                print(f"repeat {repeat} rejoin {mode}: {rejoins[mode][-1]:.2f} s", flush=True)
     rows = {mode: {str(w): summarize(runs[mode][w]) for w in args.workers} for mode in MODES}
     ratios = {str(w): {key: rows["preload"][str(w)][key]["median"]
                        / rows["executed"][str(w)][key]["median"]
@@ -172,8 +172,7 @@ def main():
     result = {"workers": args.workers, "repeats": args.repeats, "rows": rows,
               "preload_over_executed": ratios,
               "runs": {mode: {str(w): v for w, v in by.items()} for mode, by in runs.items()},
-              "rejoin_seconds": rejoins if args.rejoin else None,
-              "machine": harness.machine()}
+              "rejoin_seconds": rejoins if args.rejoin else None}
     if args.rejoin:
         result["rejoin_median"] = {mode: statistics.median(v) for mode, v in rejoins.items()}
     print(json.dumps({"preload_over_executed": ratios,

@@ -209,15 +209,17 @@ class Template:
             request = {"argv": list(arguments), "env": dict(env), "cwd": cwd or os.getcwd()}
             socket.send_fds(self._socket, [json.dumps(request).encode()], [write])
             pid = self._answer()["pid"]
-        except BaseException as error:
+        except OSError as error:
             if read is not None:
                 os.close(read)
-            if not isinstance(error, OSError):
-                raise
             code = self._process.poll()
             raise PreloadError(f"the preload template did not take the request ({error}"
                                + (f"; it exited with code {code})" if code is not None
                                   else ")")) from None
+        except BaseException:
+            if read is not None:
+                os.close(read)
+            raise
         finally:
             if output is None:
                 os.close(write)
