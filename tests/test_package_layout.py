@@ -157,6 +157,30 @@ def test_no_layer_imports_a_higher_one():
     assert upward == set(), "imports against the layers (see LAYERS)"
 
 
+# getattr / hasattr on a strategy outside the strategy's own modules, "module:attribute"
+# -> why it may probe (`frontends.our_strategy` tells ours from TF's).
+ALLOWED_PROBES = {
+    "tfdist_ext.keras.warmup:num_replicas_in_sync": "any tf.distribute strategy has it",
+}
+
+
+def test_nothing_probes_a_strategy_for_attributes():
+    """Issue 53: `keras/` and the layers below recognize a `tfdist_ext.Strategy` with
+    `frontends.our_strategy` and then read its attributes, instead of guessing from
+    `hasattr(strategy, "sync_runner")`."""
+    probes = set()
+    for path in (ROOT / "tfdist_ext").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if name in ("tfdist_ext.strategy", "tfdist_ext.strategy_extended"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    and "strateg" in ast.unparse(node.args[0])):
+                probes.add(f"{name}:{node.args[1].value}")
+    assert probes == set(ALLOWED_PROBES)
+
+
 def test_the_launcher_does_not_import_tensorflow_or_keras():
     code = ("import sys, tfdist_ext.launch.cli, tfdist_ext.launch.launcher; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")

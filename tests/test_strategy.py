@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist_ext
-from tfdist_ext import collectives, compression, sync
+from tfdist_ext import collectives, compression, frontends, sync
 
 CPUS = [f"/device:CPU:{i}" for i in range(4)]
 
@@ -35,6 +35,20 @@ def test_is_a_multi_worker_mirrored_strategy_with_our_ops():
     assert strategy.num_replicas_in_sync == 4
     assert type(strategy.extended._cross_device_ops).__module__ == "tfdist_ext.cross_device_ops"
     assert strategy.cluster is None
+
+
+def test_the_front_end_tells_our_strategy_from_tfs():
+    """`frontends.our_strategy` is how `keras/` and the layers below the strategy
+    recognize it (no attribute probing); the attributes they read have class defaults."""
+    strategy = tfdist_ext.Strategy(num_replicas=2)
+    assert frontends.our_strategy(strategy) is strategy
+    assert (strategy.sync_runner, strategy.elastic) == (None, None)
+    mirrored = tf.distribute.MirroredStrategy(CPUS[:2])
+    multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
+    for other in (mirrored, multi_worker, tf.distribute.get_strategy(), None, object()):
+        assert frontends.our_strategy(other) is None
+    assert (tfdist_ext.Strategy.sync_runner, tfdist_ext.Strategy.elastic,
+            tfdist_ext.Strategy.allreduce_decisions) == (None, None, ())
 
 
 def test_fit_matches_mirrored_strategy_on_the_same_devices():

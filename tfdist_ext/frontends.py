@@ -11,9 +11,13 @@ The package root (`tfdist_ext/__init__.py`) registers the Keras front end,
 time it is needed, so `import tfdist_ext` and the launcher do not import TensorFlow.
 
 A front end is any object (a module will do) with the functions of `FrontEnd`.
+The front end, and the layers below the strategy, tell a `tfdist_ext.Strategy` from
+TF's own strategies with `our_strategy`, then read its public attributes (`config`,
+`sync_runner`, `elastic`, `allreduce_decisions`).
 """
 
 import importlib
+import sys
 from typing import Any, List, Protocol, Sequence
 
 
@@ -48,3 +52,15 @@ def get() -> FrontEnd:
         raise RuntimeError("tfdist_ext: no training front end is registered; "
                            "import tfdist_ext (its package root registers Keras').")
     return importlib.import_module(_registered[0])
+
+
+def our_strategy(strategy):
+    """`strategy` if it is a `tfdist_ext.Strategy`, else None.
+
+    Never imports `tfdist_ext.strategy`: `zero/` and `elastic/` sit below it, and
+    the Keras front end is imported while `import tfdist_ext` prepares a TF_CONFIG
+    worker, before the strategy module may load. No instance exists before then.
+    """
+    module = sys.modules.get("tfdist_ext.strategy")
+    cls = None if module is None else vars(module).get("Strategy")
+    return strategy if cls is not None and isinstance(strategy, cls) else None

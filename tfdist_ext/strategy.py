@@ -90,6 +90,11 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     """
 
     _key_counter = itertools.count()
+    # What the front end reads (`frontends.our_strategy`), until __init__ sets them;
+    # `config` is set right after TF's constructor.
+    sync_runner = None
+    elastic = None
+    allreduce_decisions = ()
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
                  num_replicas: Optional[int] = None, engine: Optional[str] = None,
@@ -125,7 +130,6 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config, self.cluster = config, spec
-        self.elastic = None  # set below, once the strategy works
         # Elastic always densifies: TF's collectives cannot change members.
         self._cross_ops.densify_sparse = config.sparse_as_dense or elastic is not None
         self._barriers = itertools.count()

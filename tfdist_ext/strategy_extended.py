@@ -91,7 +91,7 @@ class Extended(_compat.CollectiveAllReduceExtended):
         # MWMS broadcasts initial values from the chief with TF's collectives, which
         # cannot change members: a worker joining an elastic job, and everyone after a
         # membership change, takes its own (elastic state comes from rank 0 later).
-        elastic = getattr(self._container_strategy(), "elastic", None)
+        elastic = self._container_strategy().elastic
         if replica_id != 0 or elastic is None or not (elastic.joining or elastic.generation):
             return super()._get_variable_creator_initial_value(
                 replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)

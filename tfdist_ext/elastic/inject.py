@@ -14,6 +14,8 @@ import signal as signal_lib
 
 import keras
 
+from tfdist_ext import frontends
+
 
 class KillAt(keras.callbacks.Callback):
     """Kills this process at the start of training step `step` if it is worker `worker`.
@@ -47,8 +49,8 @@ class KillAt(keras.callbacks.Callback):
             self._steps += 1
 
     def _replacement(self):
-        elastic = getattr(self.model.distribute_strategy, "elastic", None)
-        return elastic is not None and elastic.replacement
+        ours = frontends.our_strategy(self.model.distribute_strategy)
+        return ours is not None and ours.elastic is not None and ours.elastic.replacement
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step("train")

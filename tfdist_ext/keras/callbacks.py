@@ -15,6 +15,7 @@ import time
 import keras
 import tensorflow as tf
 
+from tfdist_ext import frontends
 from tfdist_ext.collectives import auto
 
 _UPDATE_FREQS = ("epoch", "batch")
@@ -178,7 +179,7 @@ class CommunicationStats(keras.callbacks.Callback):
         strategy = self._strategy
         with self._writer.as_default(step=0):
             tf.summary.text("tfdist/config", strategy.config.describe())
-            decisions = getattr(strategy, "allreduce_decisions", None)
+            decisions = strategy.allreduce_decisions
             if decisions:
                 table = auto.format_table(strategy.calibration, decisions)
                 # Indented: TensorBoard renders text as Markdown; keep the columns.
@@ -188,10 +189,8 @@ class CommunicationStats(keras.callbacks.Callback):
 
 
 def _tfdist_strategy(model):
-    from tfdist_ext.strategy import Strategy  # pylint: disable=import-outside-toplevel
-
     strategy = model.distribute_strategy
-    if not isinstance(strategy, Strategy):
+    if frontends.our_strategy(strategy) is None:
         raise TypeError(
             f"CommunicationStats needs a model built and compiled under a "
             f"tfdist_ext.Strategy scope; this model's distribute_strategy is "

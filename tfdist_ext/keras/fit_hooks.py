@@ -35,7 +35,7 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdist_ext import zero
+from tfdist_ext import frontends, zero
 from tfdist_ext.keras import (data_order, elastic_steps, local_input, moved_momentum,
                               patch_check, preemption, saving, uneven, worker_callbacks, xla)
 
@@ -46,7 +46,13 @@ _fits = itertools.count()  # the same sequence on every worker (SPMD)
 
 def runner_of(strategy):
     """The sync-policy runner of `strategy` (None for other strategies and "sync")."""
-    return getattr(strategy, "sync_runner", None)
+    ours = frontends.our_strategy(strategy)
+    return None if ours is None else ours.sync_runner
+
+
+def _elastic_of(strategy):
+    ours = frontends.our_strategy(strategy)
+    return None if ours is None else ours.elastic
 
 
 def wrap_update_step(original):
@@ -87,7 +93,7 @@ def wrap_make_train_function(original):
         _build_with_step(self, strategy, "train_step", step, lambda: original(self, force=force))
         if runner is not None and runner.worker_local_logs:
             self.train_function = _worker_local(self.train_function, strategy)
-        if getattr(strategy, "elastic", None) is not None:
+        if _elastic_of(strategy) is not None:
             self.train_function = elastic_steps.wrap(self.train_function, self, strategy)
         return self.train_function
 
@@ -106,7 +112,7 @@ def wrap_make_test_function(original):
                 if uneven.applies(strategy) else self.test_step)
         _build_with_step(self, strategy, "test_step", step,
                          lambda: original(self, force=force))
-        if getattr(strategy, "elastic", None) is not None:
+        if _elastic_of(strategy) is not None:
             self.test_function = elastic_steps.wrap(self.test_function, self, strategy, "test")
         return self.test_function
 
@@ -120,7 +126,7 @@ def _build_with_step(model, strategy, name, step, build):
     an instance attribute for the duration of `build()` (one the user set is
     put back).
     """
-    if uneven.is_tfdist_strategy(strategy) and xla.applies(model, strategy):
+    if frontends.our_strategy(strategy) is not None and xla.applies(model, strategy):
         step = xla.clustered(step)
         build = functools.partial(xla.build_without_whole_step_jit, model, build)
     if step == getattr(model, name):
@@ -152,12 +158,12 @@ def wrap_fit(original):
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
         strategy = self.distribute_strategy
-        if not uneven.is_tfdist_strategy(strategy):
+        if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
         extra = strategy.fit_callbacks()
         args = list(args)
-        elastic = getattr(strategy, "elastic", None)
+        elastic = strategy.elastic
         if elastic is not None:
             extra = extra + [elastic_steps.Position(elastic)]
             elastic_steps.forget(self)
@@ -230,12 +236,12 @@ def wrap_inference(original):
     @functools.wraps(original)
     def run(self, *args, **kwargs):
         strategy = self.distribute_strategy
-        if not uneven.is_tfdist_strategy(strategy):
+        if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
         # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`:
         # the functions kept within that fit stay.
-        if (getattr(strategy, "elastic", None) is not None
+        if (strategy.elastic is not None
                 and not kwargs.get("_use_cached_eval_dataset")):
             elastic_steps.forget(self)
         args = list(args)

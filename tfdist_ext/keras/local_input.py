@@ -44,8 +44,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist_ext import _compat
-from tfdist_ext.keras import uneven
+from tfdist_ext import _compat, frontends
 
 log = logging.getLogger("tfdist_ext")
 _agreements = itertools.count()  # the same sequence on every worker (SPMD)
@@ -74,7 +73,7 @@ def wrap_get_iterator(original):
 
 def _local_dataset(distributed, strategy, user_made):
     """This worker's `tf.data.Dataset` of `distributed`, or `distributed` itself."""
-    if (uneven.is_tfdist_strategy(strategy) and strategy.num_workers > 1
+    if (frontends.our_strategy(strategy) is not None and strategy.num_workers > 1
             and per_worker_input() and (user_made or len(strategy.extended.worker_devices) != 1
                                         or _compat.undistributed_dataset(distributed) is None)):
         raise ValueError(
@@ -84,7 +83,7 @@ def _local_dataset(distributed, strategy, user_made):
             f"{len(strategy.extended.worker_devices)} device(s) and the input is a "
             f"{type(distributed).__name__}. Pass the undistributed dataset, or use "
             "auto_shard_dataset=True with the global batch.")
-    if (user_made or not uneven.is_tfdist_strategy(strategy)
+    if (user_made or frontends.our_strategy(strategy) is None
             or len(strategy.extended.worker_devices) != 1):
         return distributed
     dataset = _compat.undistributed_dataset(distributed)
@@ -97,7 +96,7 @@ def _local_dataset(distributed, strategy, user_made):
         return _whole(dataset, strategy)
     if not (_splittable(dataset) and _same_length(dataset, strategy)):
         return distributed
-    elastic = getattr(strategy, "elastic", None)
+    elastic = strategy.elastic
     if elastic is not None:  # the parts follow the membership (`tfdist_ext.elastic`)
         return with_promised_length(split_batches(dataset, *elastic.data_split()))
     return with_promised_length(split_batches(dataset, strategy.worker_index, workers))
@@ -210,7 +209,7 @@ def _same_length(dataset, strategy):
     Elastic training assumes it without asking (a replacement could not meet
     the members, which met long before)."""
     count = int(dataset.cardinality())
-    if getattr(strategy, "elastic", None) is not None:
+    if strategy.elastic is not None:
         return count >= 0 or count == tf.data.INFINITE_CARDINALITY
     counts = {int(c) for c in strategy.exchange(f"local-input/{next(_agreements)}",
                                                 str(count))}

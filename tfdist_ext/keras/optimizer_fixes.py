@@ -34,11 +34,11 @@ import functools
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, zero
+from tfdist_ext import _compat, frontends, zero
 
 
 def _synchronous_tfdist(strategy, min_replicas=2) -> bool:
-    return (hasattr(strategy, "sync_runner") and hasattr(strategy, "config")
+    return (frontends.our_strategy(strategy) is not None
             and strategy.sync_runner is None
             and strategy.num_replicas_in_sync >= min_replicas)
 

@@ -83,7 +83,7 @@ def after_save(kind: str) -> None:
         count = _cluster["counts"][kind]
     key = f"tfdist/saved/{kind}/{count}"
     # Elastic training meets in the members' store (worker 0 may have died).
-    kv = strategy.elastic.kv() if getattr(strategy, "elastic", None) else coordination.KeyValue()
+    kv = strategy.elastic.kv() if strategy.elastic is not None else coordination.KeyValue()
     if strategy.worker_index == 0:
         kv.set(key, "1")
         return

@@ -59,19 +59,15 @@ import threading
 import keras
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, frontends
 from tfdist_ext.keras import xla
 
 _step = threading.local()  # replica threads trace the step concurrently
 
 
-def is_tfdist_strategy(strategy) -> bool:
-    return hasattr(strategy, "sync_runner") and hasattr(strategy, "config")
-
-
 def applies(strategy) -> bool:
     """Whether training steps under `strategy` weight replicas by their samples."""
-    return (is_tfdist_strategy(strategy) and strategy.sync_runner is None
+    return (frontends.our_strategy(strategy) is not None and strategy.sync_runner is None
             and strategy.num_replicas_in_sync > 1)
 
 
@@ -147,14 +143,14 @@ def _agree(data, strategy, eager=False):
     preemption = strategy.preemption if strategy.num_workers > 1 else None
     # Elastic training (`tfdist_ext.elastic`): after a worker died, Keras' 1 / R
     # no longer matches the replicas left, so the share is always computed.
-    static = static and getattr(strategy, "elastic", None) is None
+    static = static and strategy.elastic is None
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
     samples = _samples(first)
     values = [samples[None]]
     if preemption is not None:
         values.append(preemption.requested.read_value()[None])
-    elastic = getattr(strategy, "elastic", None)
+    elastic = strategy.elastic
     if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
         join_at = len(values)
         values.append(elastic.join_flag.read_value()[None])
@@ -267,7 +263,7 @@ def _replica_share():
 def _tfdist_replicas():
     """Replicas in sync under a `tfdist_ext.Strategy` of several, else None."""
     strategy = tf.distribute.get_strategy()
-    if is_tfdist_strategy(strategy) and strategy.num_replicas_in_sync > 1:
+    if frontends.our_strategy(strategy) is not None and strategy.num_replicas_in_sync > 1:
         return strategy.num_replicas_in_sync
     return None
 
@@ -294,7 +290,7 @@ def wrap_moments(original):
     def moments(self, inputs, mask):
         mean, variance = original(self, inputs, mask)
         inputs = tf.convert_to_tensor(inputs)
-        if (self.synchronized or not is_tfdist_strategy(tf.distribute.get_strategy())
+        if (self.synchronized or frontends.our_strategy(tf.distribute.get_strategy()) is None
                 or inputs.shape.num_elements()):  # statically non-empty
             return mean, variance
         empty = tf.equal(tf.size(inputs), 0)
@@ -324,7 +320,7 @@ def one_sample_when_empty(original):
         strategy = tf.distribute.get_strategy()
         if (not tf.inside_function() or inputs.shape.rank is None
                 or inputs.shape[0] is not None  # a static batch: never empty
-                or not is_tfdist_strategy(strategy) or strategy.num_replicas_in_sync < 2):
+                or frontends.our_strategy(strategy) is None or strategy.num_replicas_in_sync < 2):
             return original(inputs, *args, **kwargs)
         def one_zero_sample():
             return tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
@@ -349,7 +345,7 @@ def wrap_symbolic_build(original):
     @functools.wraps(original)
     def maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy  # pylint: disable=protected-access
-        if iterator is None or strategy is None or not is_tfdist_strategy(strategy):
+        if iterator is None or frontends.our_strategy(strategy) is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         if not _has_call(self):
             return None  # as without a strategy: the traced train_step builds what it uses

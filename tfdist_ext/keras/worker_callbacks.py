@@ -55,7 +55,7 @@ def for_this_worker(callbacks, strategy):
         return
     private = None if chief else tempfile.mkdtemp(prefix="tfdist-worker-")
     restore = []
-    elastic = getattr(strategy, "elastic", None)
+    elastic = strategy.elastic
     try:
         for callback in callbacks:
             if not chief:

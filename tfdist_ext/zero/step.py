@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, frontends
 from tfdist_ext.zero import accumulation, blocks, shards, summed
 from tfdist_ext.zero.partition import Partition
 
@@ -77,8 +77,8 @@ def check_optimizer(optimizer) -> None:
 
 
 def _stage(optimizer) -> int:
-    strategy = getattr(optimizer, "_distribution_strategy", None)
-    return getattr(getattr(strategy, "config", None), "zero_stage", 0)
+    ours = frontends.our_strategy(getattr(optimizer, "_distribution_strategy", None))
+    return 0 if ours is None else ours.config.zero_stage
 
 
 def sharded(optimizer) -> bool:
