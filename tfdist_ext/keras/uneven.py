@@ -143,14 +143,14 @@ def _agree(data, strategy, eager=False):
     preemption = strategy.preemption if strategy.num_workers > 1 else None
     # Elastic training (`tfdist_ext.elastic`): after a worker died, Keras' 1 / R
     # no longer matches the replicas left, so the share is always computed.
-    static = static and strategy.elastic is None
+    elastic = strategy.elastic
+    static = static and elastic is None
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
     samples = _samples(first)
     values = [samples[None]]
     if preemption is not None:
         values.append(preemption.requested.read_value()[None])
-    elastic = strategy.elastic
     if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
         join_at = len(values)
         values.append(elastic.join_flag.read_value()[None])
