@@ -174,6 +174,7 @@ def work(args):
         steps = 0
         epoch = position = 0
         seen = {"failures": 0, "joins": 0, "leaves": 0}
+        paused = set()  # generations whose admission pause is noted
         times = []
 
         def on_train_begin(self, logs=None):
@@ -192,14 +193,18 @@ def work(args):
             if logs and "loss" in logs:
                 curve.append((Log.position, time.time(), float(logs["loss"])))
             Log.times.append(time.time())
+            # Each change at once (a death before the next step must not lose a join),
+            # an admission's pause again once complete (after the members' next step).
             for kind, seen in Log.seen.items():
                 changes = getattr(recovery, kind)
-                ready = len(changes)
-                if changes and "step" not in changes[-1].get("pause", {"step": 0}):
-                    ready -= 1  # an admission's pause is complete after the next step
-                for change in changes[seen:ready]:
+                for change in changes[seen:]:
                     note(kind[:-1], change=change)
-                Log.seen[kind] = ready
+                Log.seen[kind] = len(changes)
+            for change in recovery.joins:
+                if ("step" in change.get("pause", {})
+                        and change["generation"] not in Log.paused):
+                    Log.paused.add(change["generation"])
+                    note("join_pause", change=change)
             if len(Log.times) >= 100:
                 self.flush()
 

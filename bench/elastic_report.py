@@ -98,7 +98,7 @@ def summarize_random(args, whole, broken, kills, codes, out):
     pace = own_pace(times, sizes, args.workers)
     parts = {}
     for e in events:  # the members' own account of each admission's pause
-        if e["event"] == "join" and "pause" in e["change"]:
+        if e["event"] in ("join", "join_pause") and "step" in e["change"].get("pause", {}):
             parts.setdefault(e["change"]["generation"], e["change"]["pause"])
     return {
         "goodput": goodput, "steps_total": total, "steps_lost_total": lost,
