@@ -2,8 +2,8 @@
 
 Plain Python workers (no TensorFlow): the template preloads `colorsys`, a module no
 fresh Python imports, so each worker can say whether it was forked. The multi-worker
-TensorFlow tests run forked in tests/run's launching phase (TFDIST_PRELOAD), and
-executed in the other phases.
+TensorFlow tests run forked in tests/run's launching and `alone` phases (TFDIST_PRELOAD),
+and executed in its `quiet` phase, one elastic case and the tests/compat smoke set.
 """
 
 import json
