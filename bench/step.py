@@ -22,7 +22,10 @@ the same shaped links.
 Optional rows for the thread-pool choice of co-located workers:
 ``tfdist_threads_machine`` (TF's pools sized for the whole machine in every
 worker, as before tfdist_ext split the cores) and ``tfdist_inter2``
-(intra-op pool split, two inter-op threads).
+(intra-op pool split, two inter-op threads). Optional rows for the cross-host
+path: ``tfdist_fixed1mb`` (gradients in buckets of at most 1 MiB, sent while
+backprop goes on, as DDP's first bucket) and ``tfdist_nospin`` (the UCX
+executor sleeps at once when it waits, ``TFDIST_UCX_SPIN_US=0``).
 
 Timing, the same in every system: after `--warmup` steps, each of `--repeats`
 measurements (one Keras `fit` call, or a PyTorch loop) runs `--skip` steps and
@@ -65,7 +68,9 @@ import step_report  # noqa: E402
 import step_torch  # noqa: E402
 
 SYSTEMS = ("keras", "keras_xla", "tfdist", "tfdist_xla", "torch_ddp", "keras_jax")
-EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2")
+EXTRA_SYSTEMS = ("tfdist_threads_machine", "tfdist_inter2", "tfdist_fixed1mb", "tfdist_nospin")
+# `tfdist_ext.Strategy` arguments of the systems that differ from tfdist only in them.
+STRATEGY_ARGS = {"tfdist_fixed1mb": {"bucketing": {"name": "fixed", "bytes_per_bucket": 1 << 20}}}
 ONE_PROCESS = step_report.ONE_PROCESS
 MODELS = step_models.MODELS
 
@@ -107,7 +112,7 @@ def parse_args(argv=None):
             parser.error(f"--systems: unknown system {name!r}; choose from "
                          f"{SYSTEMS + EXTRA_SYSTEMS}")
     if args.hosts and not args.worker:
-        crossing = {"tfdist", "tfdist_xla", "torch_ddp"}
+        crossing = {"tfdist", "tfdist_xla", "torch_ddp", "tfdist_fixed1mb", "tfdist_nospin"}
         if not set(args.systems.split(",")) <= crossing:
             parser.error(f"--hosts: only {sorted(crossing)} run across emulated hosts; "
                          f"received --systems {args.systems}")
@@ -175,7 +180,7 @@ def keras_worker(args, system, world):
     scope = None
     if system.startswith("tfdist"):
         import tfdist_ext  # pylint: disable=import-outside-toplevel
-        scope = tfdist_ext.Strategy().scope
+        scope = tfdist_ext.Strategy(**STRATEGY_ARGS.get(system, {})).scope
     elif system == "keras_jax" and world > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     jit = system.endswith("_xla")
@@ -274,6 +279,7 @@ def launch(args, system, workers, out_dir):
                                                  "TF_NUM_INTEROP_THREADS": cores},
                       "tfdist_inter2": {"TF_NUM_INTRAOP_THREADS": str(
                           max(1, os.cpu_count() // workers)), "TF_NUM_INTEROP_THREADS": "2"},
+                      "tfdist_nospin": {"TFDIST_UCX_SPIN_US": "0"},
                       }.get(system, {}))
     processes = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True) for command in commands]
@@ -362,12 +368,16 @@ def main(argv=None):
         print(f"{row['system']:<28} {row['model']:<5} {row['workers']:>2} "
               f"{row['ms_median']:>8.2f} {row['ms_min']:>8.2f}"
               + "".join(f" {row.get(k, float('nan')):>12.2f}" for k in ratio_keys))
+    xlabel = "workers (processes on this host)"
+    if args.hosts:
+        link = f", links {args.link_bandwidth}" if args.link_bandwidth else ""
+        xlabel = f"workers ({args.hosts} emulated hosts{link})"
     harness.write({"args": {k: v for k, v in vars(args).items()
                             if k not in ("worker", "out", "rank", "world", "port")},
                    "cpu_cores": cores, "skipped": skipped, "failures": failures, "rows": rows},
                   args.json, args.png,
                   plot=lambda path: step_report.plot(
-                      rows, path, f"samples/worker/step {batches}, {cores} cores"))
+                      rows, path, f"samples/worker/step {batches}, {cores} cores", xlabel))
     return 0
 
 

@@ -24,7 +24,7 @@ def summarize(rows):
     return rows
 
 
-def plot(rows, path, title):
+def plot(rows, path, title, xlabel="workers (processes on this host)"):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -38,7 +38,7 @@ def plot(rows, path, title):
                             if r["system"] == system)
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="o", label=system)
-        ax.set_xlabel("workers (processes on this host)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("ms per step (median)")
         ax.set_title(model)
         ax.set_xticks(sorted({r["workers"] for r in mine}))
