@@ -285,7 +285,17 @@ def set_optimizer_strategy(optimizer, strategy):
     optimizer._distribution_strategy = strategy  # pylint: disable=protected-access
 
 
+def set_initial_epoch(model, epoch):
+    """Makes the running `fit` begin at `epoch` when set in `on_train_begin` (Keras
+    reads `model._initial_epoch` after it, as `BackupAndRestore` uses); returns the
+    value it had."""
+    previous = getattr(model, "_initial_epoch", None)
+    model._initial_epoch = epoch  # pylint: disable=protected-access
+    return previous
+
+
 # Callbacks that waited for this module to finish importing (it imports Keras, and
 # `tfdist_ext.distribution` installs itself once Keras is imported).
 for _callback in globals().pop("when_imported", []):
     _callback()
+

@@ -296,6 +296,27 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
         assert results[killed]["accuracy"] >= uninterrupted["accuracy"] - 0.01
 
 
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_replacement_with_backup_and_restore_takes_the_members_state_not_the_backup(
+        tmp_path):
+    # Worker 1 dies in the second epoch, after the chief's BackupAndRestore saved epoch 1.
+    # Its replacement runs the same script, so its BackupAndRestore finds that backup at the
+    # start of fit: it must still train on from the members' weights, epoch and batch. The
+    # model has no Input: Keras builds it at the start of fit, before the replacement joins.
+    code, out, _ = launch(3, [WORKER, tmp_path, 1, 40, 4, "mlp-unbuilt", "backup"],
+                          options=["--elastic"], timeout=240, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert "worker 1 starts again" in out, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert [r["members"] for r in results] == [[0, 2, 1]] * 3, results
+    assert len({r["sha"] for r in results}) == 1, [r["sha"] for r in results]
+    assert len({r["optimizer_sha"] for r in results}) == 1
+    assert len({r["iterations"] for r in results}) == 1, [r["iterations"] for r in results]
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
+        f"ckpt-{e}.weights.h5" for e in range(1, 5)]
+
+
 def _death_during_admission(tmp_path, phase, dies, timeout):
     """The launcher's 3-worker job in which worker 2 dies at step 10 and, while its
     replacement is admitted, worker `dies` dies as PHASE says (tests/workers/elastic_fit.py):

@@ -2,7 +2,8 @@
 
     python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS [MODEL [PHASE]]]
 
-Every worker trains the same MLP (MODEL "mlp", the default; "embedding": an
+Every worker trains the same MLP (MODEL "mlp", the default; "mlp-unbuilt": the same
+without an Input, built by Keras when fit begins; "embedding": an
 Embedding layer, whose gradients are IndexedSlices, on integer features) on
 its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
 momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
@@ -20,7 +21,9 @@ once it has admitted the replacement, before that wire-up (OUT_DIR/leader_killed
 its address for their new communicators; "sigterm": as "train", but worker
 KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
 "sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
-test to continue it; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
+test to continue it; "backup": as "train", and every worker has the user's
+`BackupAndRestore(OUT_DIR/backup)`, so that a replacement finds the backup of an
+earlier epoch at its start; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
 and worker KILL_WORKER sleeps 50 ms before each training step from KILL_STEP on; "netcut": under `tfdist-run --link-bandwidth`, worker
 KILL_WORKER takes its namespace's link down instead, and stays cut off);
 worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
@@ -120,6 +123,9 @@ def build(name):
         return keras.Sequential([keras.Input((20,), dtype="int32"),
                                  keras.layers.Embedding(16, 4), keras.layers.Flatten(),
                                  keras.layers.Dense(4)])
+    if name == "mlp-unbuilt":  # no Input: Keras builds it at the start of fit
+        return keras.Sequential([keras.layers.Dense(64, activation="relu"),
+                                 keras.layers.Dense(4)])
     return keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
                              keras.layers.Dense(4)])
 
@@ -183,7 +189,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
 
         strategy.reconfigure_workers = reconfigure_and_die
     kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
-                                      "sigterm", "sigstop") else phase
+                                      "sigterm", "sigstop", "backup") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
@@ -208,7 +214,11 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     # MODEL "mlp-arrays": the MLP fed numpy arrays (Keras shuffles them each epoch).
     inputs = dict(x=x, y=y, batch_size=96, shuffle=True) if model_name.endswith("-arrays") \
         else dict(x=train)
-    history = model.fit(**inputs, epochs=int(epochs), verbose=0, callbacks=kill + [checkpoint],
+    if phase == "backup":
+        checkpoint = [checkpoint, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))]
+    else:
+        checkpoint = [checkpoint]
+    history = model.fit(**inputs, epochs=int(epochs), verbose=0, callbacks=kill + checkpoint,
                         validation_data=validation, validation_batch_size=96)
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())

@@ -11,7 +11,8 @@ logs (another death during that, again). A survivor that ran fewer steps than th
 while theirs had finished) then skips as many calls, consuming their
 batches without training, so that all members' steps pair up again until the
 end of `fit`. After a step that carried a stop request (SIGTERM), the worker
-that got it leaves and the others go on (`tfdist_ext.elastic.leaving`).
+that got it leaves and the others go on (`tfdist_ext.elastic.leaving`). A
+replacement worker joins the running job as its `fit` begins (`Join`).
 """
 
 import functools
@@ -22,7 +23,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist_ext import liveness
+from tfdist_ext import _compat, liveness
 from tfdist_ext.elastic import leaving
 
 log = logging.getLogger("tfdist_ext")
@@ -238,6 +239,49 @@ def resume(model, steps, test_steps, skip):
     train = progress.setdefault("train", _Progress())
     train.steps, train.skip = steps - skip, skip  # each skipped call counts
     progress.setdefault("test", _Progress()).steps = test_steps
+
+
+class Join(keras.callbacks.Callback):
+    """A replacement worker joins the running job as its `fit` begins (the last
+    callback's `on_train_begin`): it asks the members to take it in, receives their
+    model and optimizer state, and resumes at their epoch and batch.
+
+    Keras has by then built the model, distributed the dataset and made the train
+    function, so the members, who wait for the replacement in their next step,
+    wait only for its first step; and a `BackupAndRestore` the script also passes
+    has restored its backup first, which the members' state then replaces.
+    """
+
+    def __init__(self, recovery):
+        super().__init__()
+        self.recovery = recovery
+        self._epoch_before = None
+        self._set = False
+
+    def on_train_begin(self, logs=None):
+        epoch = join(self.model, self.recovery)["epoch"]
+        self._epoch_before = _compat.set_initial_epoch(self.model, epoch)
+        self._set = True
+
+    def on_train_end(self, logs=None):
+        if self._set:
+            _compat.set_initial_epoch(self.model, self._epoch_before)
+            self._set = False
+
+
+def join(model, recovery) -> dict:
+    """A replacement joins (`Recovery.join`) with `model`'s state; its step counts
+    become the members' (`resume`). Returns the admission."""
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    admission = recovery.join(state(model))
+    resume(model, admission["steps"], admission["test_steps"], admission["batch"])
+    functions = _functions.get(model)
+    if functions is not None:  # made before the join, traced at their first call
+        for phase in functions.current:
+            functions.current[phase] = _membership(model.distribute_strategy)
+    return admission
 
 
 class Position(keras.callbacks.Callback):

@@ -203,18 +203,22 @@ def wrap_fit(original):
 
 
 def _join(model, strategy, args, kwargs):
-    """A replacement worker joins the running job before its fit starts: the members'
-    weights and optimizer state, then fit from their epoch, skipping their batches."""
-    if not model.optimizer.built:
-        with strategy.scope():
-            model.optimizer.build(model.trainable_variables)
-    admission = strategy.elastic.join(elastic_steps.state(model))
+    """A replacement worker joins the running job: in the last callback's
+    `on_train_begin` (`elastic_steps.Join`), or before its fit starts when the
+    callbacks are a `CallbackList` (then fit begins at the members' epoch)."""
+    callbacks = args[5] if len(args) > 5 else kwargs.get("callbacks")
+    if not isinstance(callbacks, keras.callbacks.CallbackList):
+        joining = list(callbacks or []) + [elastic_steps.Join(strategy.elastic)]
+        if len(args) > 5:
+            args[5] = joining
+        else:
+            kwargs["callbacks"] = joining
+        return
+    epoch = elastic_steps.join(model, strategy.elastic)["epoch"]
     if len(args) > 11:
-        args[11] = admission["epoch"]
+        args[11] = epoch
     else:
-        kwargs["initial_epoch"] = admission["epoch"]
-    elastic_steps.resume(model, admission["steps"], admission["test_steps"],
-                         admission["batch"])
+        kwargs["initial_epoch"] = epoch
 
 
 def _check_data_order(strategy, args, kwargs):
