@@ -34,6 +34,9 @@ if mode == "fail" and index == 1:
     sys.exit(3)
 if mode == "fail_once" and index == 1 and os.environ["TFDIST_RESTART"] == "0":
     sys.exit(3)
+if mode == "all_fail":  # one after another, each while the others still run
+    time.sleep(0.5 + 0.3 * index)
+    sys.exit(3)
 if mode in ("ok", "fail_once"):
     child.kill()
     sys.exit(0)
@@ -196,6 +199,18 @@ def test_max_restarts_starts_the_job_again_and_says_why(tmp_path, mode, code, re
         assert f"restart {attempt} of 2: worker 1 exited with code 3; " \
                "starting all 2 workers again." in out
     assert f"restart {restarts + 1} of" not in out
+
+
+def test_an_elastic_job_whose_every_worker_dies_fails(tmp_path, how):
+    # Each death leaves others running, so each dead worker awaits its replacement; when
+    # the last one dies there is no job to rejoin: the job failed, not "finished".
+    launcher = _start(tmp_path, 3, "all_fail", how, "--elastic")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 3, out
+    assert ("worker 2 (pid " in out and "exited with code 3, the last worker running: "
+            "worker(s) [0, 1] died before it and have no job left to rejoin (--elastic); "
+            "the job failed.") in out, out
+    assert "the job finished" not in out and "starts again in" in out
 
 
 def test_max_restarts_must_not_be_negative(capsys):

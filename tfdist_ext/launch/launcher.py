@@ -242,8 +242,9 @@ class Launcher:
 
     def _start_replacements(self):
         for index, when in list(self._replacements.items()):
-            if all(w.process.poll() == 0 for w in self.workers if not w.server
-                   and w.index not in self.lost and w.index not in self._replacements):
+            others = [w for w in self.workers if not w.server
+                      and w.index not in self.lost and w.index not in self._replacements]
+            if others and all(w.process.poll() == 0 for w in others):
                 del self._replacements[index]  # the others finished: nothing to rejoin
                 self.lost.append(index)
             elif time.monotonic() >= when:
@@ -355,8 +356,10 @@ class Launcher:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
+                    # The others still running or finished well (not dead ones awaiting
+                    # their replacement): without them there is no job to rejoin.
                     others = [w for w in self.workers if not w.server and w is not worker
-                              and w.index not in self.lost]
+                              and w.index not in self.lost and w.process.poll() in (None, 0)]
                     if self.elastic and not worker.server and others:
                         self.say(f"{worker.name} (pid {worker.process.pid}) "
                                  f"{describe_exit(code)}; the others go on without it "
@@ -371,6 +374,12 @@ class Launcher:
                     servers = [w.index for w in self.workers
                                if w.server and w.process.poll() is None]
                     self._failure = f"{worker.name} {describe_exit(code)}"
+                    if self.elastic and self._replacements:
+                        self.say(f"{worker.name} (pid {worker.process.pid}) "
+                                 f"{describe_exit(code)}, the last worker running: worker(s) "
+                                 f"{sorted(self._replacements)} died before it and have no "
+                                 "job left to rejoin (--elastic); the job failed.")
+                        self._replacements.clear()
                     self.say(f"{worker.name} (pid {worker.process.pid}) "
                              f"{describe_exit(code)}; stopping workers {running}"
                              + (f" and parameter servers {servers}." if servers else "."))
