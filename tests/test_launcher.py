@@ -209,7 +209,7 @@ def test_an_elastic_job_whose_every_worker_dies_fails(tmp_path, how):
     assert launcher.returncode == 3, out
     assert ("worker 2 (pid " in out and "exited with code 3, the last worker running: "
             "worker(s) [0, 1] died before it and have no job left to rejoin (--elastic); "
-            "the job failed.") in out, out
+            "the job failed; stopping workers [].") in out, out
     assert "the job finished" not in out and "starts again in" in out
 
 

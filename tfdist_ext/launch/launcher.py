@@ -242,9 +242,8 @@ class Launcher:
 
     def _start_replacements(self):
         for index, when in list(self._replacements.items()):
-            others = [w for w in self.workers if not w.server
-                      and w.index not in self.lost and w.index not in self._replacements]
-            if others and all(w.process.poll() == 0 for w in others):
+            if all(w.process.poll() == 0 for w in self.workers if not w.server
+                   and w.index not in self.lost and w.index not in self._replacements):
                 del self._replacements[index]  # the others finished: nothing to rejoin
                 self.lost.append(index)
             elif time.monotonic() >= when:
@@ -356,32 +355,25 @@ class Launcher:
                 code = worker.process.poll()
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
-                    # The others still running or finished well (not dead ones awaiting
-                    # their replacement): without them there is no job to rejoin.
                     others = [w for w in self.workers if not w.server and w is not worker
                               and w.index not in self.lost and w.process.poll() in (None, 0)]
                     if self.elastic and not worker.server and others:
-                        self.say(f"{worker.name} (pid {worker.process.pid}) "
-                                 f"{describe_exit(code)}; the others go on without it "
-                                 "(--elastic).")
+                        self.say(f"{worker.name} (pid {worker.process.pid}) {describe_exit(code)}"
+                                 "; the others go on without it (--elastic).")
                         if all(w.process.poll() == 0 for w in others):
                             self.lost.append(worker.index)  # came back after the end
                         else:
                             self._replace(worker)
                         continue
-                    running = [w.index for w in self.workers
-                               if not w.server and w.process.poll() is None]
-                    servers = [w.index for w in self.workers
-                               if w.server and w.process.poll() is None]
+                    alive = [w for w in self.workers if w.process.poll() is None]
+                    running = [w.index for w in alive if not w.server]
+                    servers = [w.index for w in alive if w.server]
                     self._failure = f"{worker.name} {describe_exit(code)}"
-                    if self.elastic and self._replacements:
-                        self.say(f"{worker.name} (pid {worker.process.pid}) "
-                                 f"{describe_exit(code)}, the last worker running: worker(s) "
-                                 f"{sorted(self._replacements)} died before it and have no "
-                                 "job left to rejoin (--elastic); the job failed.")
-                        self._replacements.clear()
-                    self.say(f"{worker.name} (pid {worker.process.pid}) "
-                             f"{describe_exit(code)}; stopping workers {running}"
+                    waiting, self._replacements = sorted(self._replacements), {}
+                    self.say(f"{worker.name} (pid {worker.process.pid}) {describe_exit(code)}"
+                             + (f", the last worker running: worker(s) {waiting} died before"
+                                " it and have no job left to rejoin (--elastic); the job "
+                                "failed" if waiting else "") + f"; stopping workers {running}"
                              + (f" and parameter servers {servers}." if servers else "."))
                     self.stop_all()
                     return shell_code(code)
