@@ -62,6 +62,8 @@ KNOWN_STATE = {
         "model -> its steps done per phase, across membership changes; weak",
     "tfdist_ext.keras.elastic_steps:_functions":
         "model -> its step functions per membership, reused after a change; weak",
+    "tfdist_ext.keras.elastic_steps:_callbacks":
+        "model -> its running fit's callbacks, whose state an admission hands on; weak",
     "tfdist_ext.keras.fit_callbacks:_kept":
         "strategy -> the callbacks (and their state) fit adds, kept between fits; weak",
     "tfdist_ext.keras.fit_hooks:_fits": "numbers this process's fit calls, " + _SPMD,

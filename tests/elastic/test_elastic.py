@@ -317,6 +317,29 @@ def test_a_replacement_with_backup_and_restore_takes_the_members_state_not_the_b
         f"ckpt-{e}.weights.h5" for e in range(1, 5)]
 
 
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_replacement_takes_the_members_early_stopping_and_learning_rate_counters(tmp_path):
+    # Worker 1 dies in the second epoch; the members' ReduceLROnPlateau and EarlyStopping
+    # (restore_best_weights) then remember epoch 1's loss and weights. A replacement that
+    # started them afresh would lower the rate and stop an epoch later than the members,
+    # train on alone and restore its own first epoch's weights.
+    code, out, _ = launch(3, [WORKER, tmp_path, 1, 40, 4, "mlp", "earlystop"],
+                          options=["--elastic"], timeout=240, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert "worker 1 starts again" in out, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert [r["members"] for r in results] == [[0, 2, 1]] * 3, results
+    (admission,) = results[0]["joins"]
+    assert 27 < admission["step"] < 54, admission  # in epoch 2 (27 steps an epoch)
+    assert len(results[0]["loss"]) == 3, results[0]["loss"]  # stopped after epoch 3
+    assert len({r["iterations"] for r in results}) == 1, [r["iterations"] for r in results]
+    assert len({r["sha"] for r in results}) == 1, [r["sha"] for r in results]
+    assert len({r["optimizer_sha"] for r in results}) == 1  # the learning rate included
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
+        f"ckpt-{e}.weights.h5" for e in range(1, 4)]
+
+
 def _death_during_admission(tmp_path, phase, dies, timeout):
     """The launcher's 3-worker job in which worker 2 dies at step 10 and, while its
     replacement is admitted, worker `dies` dies as PHASE says (tests/workers/elastic_fit.py):

@@ -23,7 +23,10 @@ KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
 "sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
 test to continue it; "backup": as "train", and every worker has the user's
 `BackupAndRestore(OUT_DIR/backup)`, so that a replacement finds the backup of an
-earlier epoch at its start; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
+earlier epoch at its start; "earlystop": as "train", and every worker has
+`ReduceLROnPlateau` and `EarlyStopping(restore_best_weights=True)` that lower the
+learning rate after epochs 2 and 3 and stop after epoch 3 (no epoch improves on the
+first by 10), so that a replacement joining in epoch 2 must take their counters; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
 and worker KILL_WORKER sleeps 50 ms before each training step from KILL_STEP on; "netcut": under `tfdist-run --link-bandwidth`, worker
 KILL_WORKER takes its namespace's link down instead, and stays cut off);
 worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
@@ -189,7 +192,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
 
         strategy.reconfigure_workers = reconfigure_and_die
     kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
-                                      "sigterm", "sigstop", "backup") else phase
+                                      "sigterm", "sigstop", "backup", "earlystop") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
@@ -214,7 +217,15 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     # MODEL "mlp-arrays": the MLP fed numpy arrays (Keras shuffles them each epoch).
     inputs = dict(x=x, y=y, batch_size=96, shuffle=True) if model_name.endswith("-arrays") \
         else dict(x=train)
-    if phase == "backup":
+    if phase == "earlystop":  # no epoch after the first improves by 10: the members halve
+        # the learning rate after epochs 2 and 3, stop after epoch 3 and restore epoch 1's
+        # weights
+        checkpoint = [checkpoint,
+                      keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5,
+                                                        patience=1, min_delta=10.0),
+                      keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=10.0,
+                                                    restore_best_weights=True)]
+    elif phase == "backup":
         checkpoint = [checkpoint, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))]
     else:
         checkpoint = [checkpoint]

@@ -25,10 +25,12 @@ import tensorflow as tf
 
 from tfdist_ext import _compat, liveness
 from tfdist_ext.elastic import leaving
+from tfdist_ext.keras import callback_state
 
 log = logging.getLogger("tfdist_ext")
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
 _functions = weakref.WeakKeyDictionary()  # model -> _Functions
+_callbacks = weakref.WeakKeyDictionary()  # model -> the callbacks of its running fit
 
 
 class _Progress:
@@ -70,6 +72,12 @@ def forget(model):
     """Drops the functions kept for other memberships (at the start of `fit`,
     `evaluate` and `predict`: a `compile` in between makes new ones)."""
     _functions.pop(model, None)
+
+
+def track_callbacks(model, callbacks):
+    """Keeps the callbacks of `model`'s `fit` (a list or a `CallbackList`) for an
+    admission: their state goes to the replacement (`callback_state`)."""
+    _callbacks[model] = list(getattr(callbacks, "callbacks", callbacks) or [])
 
 
 def reused_functions(model) -> int:
@@ -141,8 +149,14 @@ def wrap(train_function, model, strategy, phase="train"):
                 began = time.monotonic()
                 recovery.admit(progress.steps, tested.steps if tested is not None else 0)
                 admitted = time.monotonic()
+                callbacks = _callbacks.get(model, [])
+                if recovery.members[0] == recovery.me:
+                    callback_state.publish(recovery.kv(), recovery.generation, callbacks)
                 _retrace(model)
                 recovery.broadcast_state(state(model))
+                callback_state.share_best_weights(recovery.broadcast_state, model,
+                                                  callback_state.keeping_weights(callbacks),
+                                                  receiving=False)
                 progress.pause = recovery.joins[-1]["pause"] = {
                     "admit": admitted - began, "state": time.monotonic() - admitted}
             except (tf.errors.OpError, OSError, TimeoutError) as err:
@@ -249,7 +263,9 @@ class Join(keras.callbacks.Callback):
     Keras has by then built the model, distributed the dataset and made the train
     function, so the members, who wait for the replacement in their next step,
     wait only for its first step; and a `BackupAndRestore` the script also passes
-    has restored its backup first, which the members' state then replaces.
+    has restored its backup first, which the members' state then replaces, as the
+    members' `EarlyStopping`, `ReduceLROnPlateau` and `ModelCheckpoint` counters
+    replace its callbacks' fresh ones (`callback_state`).
     """
 
     def __init__(self, recovery):
@@ -259,8 +275,9 @@ class Join(keras.callbacks.Callback):
         self._set = False
 
     def on_train_begin(self, logs=None):
-        epoch = join(self.model, self.recovery)["epoch"]
-        self._epoch_before = _compat.set_initial_epoch(self.model, epoch)
+        admission = join(self.model, self.recovery)
+        take_callback_state(self.model, self.recovery, admission)
+        self._epoch_before = _compat.set_initial_epoch(self.model, admission["epoch"])
         self._set = True
 
     def on_train_end(self, logs=None):
@@ -282,6 +299,26 @@ def join(model, recovery) -> dict:
         for phase in functions.current:
             functions.current[phase] = _membership(model.distribute_strategy)
     return admission
+
+
+def take_callback_state(model, recovery, admission):
+    """A replacement just admitted (`join`): the members' callback counters and kept
+    weights (`callback_state`) on the callbacks of its `fit`, unless a member died
+    during the admission (then they start afresh)."""
+    if recovery.generation != admission["generation"]:
+        log.warning("tfdist_ext: a member died as this worker joined: its callbacks "
+                    "(EarlyStopping, ReduceLROnPlateau) start afresh.")
+        return
+    keeping = callback_state.receive(recovery.kv(), admission["generation"],
+                                     _callbacks.get(model, []))
+    try:
+        callback_state.share_best_weights(recovery.broadcast_state, model, keeping,
+                                          receiving=True)
+    except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died
+        log.warning("tfdist_ext: a member died as this worker received the kept weights "
+                    "of EarlyStopping(restore_best_weights=True): %s", err)
+        recovery.recover_and_share(err, admission["steps"], lambda: state(model),
+                                   lambda: _retrace(model))
 
 
 class Position(keras.callbacks.Callback):

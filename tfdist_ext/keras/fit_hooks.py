@@ -36,8 +36,9 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import frontends, zero
-from tfdist_ext.keras import (data_order, elastic_steps, local_input, moved_momentum,
-                              patch_check, preemption, saving, uneven, worker_callbacks, xla)
+from tfdist_ext.keras import (callback_state, data_order, elastic_steps, local_input,
+                              moved_momentum, patch_check, preemption, saving, uneven,
+                              worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -189,6 +190,9 @@ def wrap_fit(original):
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
             if elastic is not None and elastic.joining:
                 _join(self, strategy, args, kwargs)
+            if elastic is not None:
+                elastic_steps.track_callbacks(
+                    self, args[5] if len(args) > 5 else kwargs.get("callbacks"))
             try:
                 with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
@@ -205,7 +209,8 @@ def wrap_fit(original):
 def _join(model, strategy, args, kwargs):
     """A replacement worker joins the running job: in the last callback's
     `on_train_begin` (`elastic_steps.Join`), or before its fit starts when the
-    callbacks are a `CallbackList` (then fit begins at the members' epoch)."""
+    callbacks are a `CallbackList` (then fit begins at the members' epoch, and the
+    callbacks' own `on_train_begin` resets the counters `callback_state` set)."""
     callbacks = args[5] if len(args) > 5 else kwargs.get("callbacks")
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         joining = list(callbacks or []) + [elastic_steps.Join(strategy.elastic)]
@@ -214,11 +219,18 @@ def _join(model, strategy, args, kwargs):
         else:
             kwargs["callbacks"] = joining
         return
-    epoch = elastic_steps.join(model, strategy.elastic)["epoch"]
+    admission = elastic_steps.join(model, strategy.elastic)
+    elastic_steps.track_callbacks(model, callbacks)
+    elastic_steps.take_callback_state(model, strategy.elastic, admission)
+    if callback_state.counters(callbacks.callbacks):
+        log.warning("tfdist_ext: fit's callbacks are a CallbackList: this replacement joined "
+                    "before Keras' set-up, and their on_train_begin starts EarlyStopping, "
+                    "ReduceLROnPlateau and ModelCheckpoint afresh; pass a list to continue "
+                    "the members' counts.")
     if len(args) > 11:
-        args[11] = epoch
+        args[11] = admission["epoch"]
     else:
-        kwargs["initial_epoch"] = epoch
+        kwargs["initial_epoch"] = admission["epoch"]
 
 
 def _check_data_order(strategy, args, kwargs):
