@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, launch, read_worker_json
+from tfdist_ext import liveness
 
 pytestmark = pytest.mark.multiworker
 CHECKS = ROOT / "tests" / "workers" / "multiworker_checks.py"
@@ -48,6 +49,8 @@ def test_fit_on_workers_ends_with_identical_weights(tfdist_run_fit):
         assert result["reduce_scalar_axis0"]["value"] == pytest.approx((num_workers - 1) / 2)
         loss = result["fit"]["value"]["loss"]
         assert loss[-1] < 0.5 * loss[0], loss
+        # The dead-peer watcher runs: TF's coordination heartbeat only backs it up.
+        assert result["heartbeat_ms"] == liveness.WATCHED_HEARTBEAT_MS
     assert len({r["fit"]["value"]["sha"] for r in results}) == 1
 
 

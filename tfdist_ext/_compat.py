@@ -172,7 +172,8 @@ def elastic_context() -> bool:
     return bool(_elastic_context)
 
 
-def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=True):
+def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=True,
+                                 heartbeat_ms=0):
     """Configures this process as a worker of `cluster_spec` before TF starts.
 
     What `MultiWorkerMirroredStrategy` does when it is created first thing in
@@ -189,6 +190,8 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
         task_id: This task's index in its job.
         coordination: False for a replacement joining a running elastic job:
             no coordination service (its leader may be dead), no registration.
+        heartbeat_ms: The coordination service's heartbeat timeout outside
+            elastic training (0: TF's default, 10 s).
 
     Returns:
         False (and changes nothing) when the context already exists.
@@ -213,7 +216,7 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
             coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
                 name=job, num_tasks=cluster_spec.num_tasks(job))
                 for job in ("chief", "worker") if job in cluster_spec.jobs],
-            heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else 0,
+            heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else heartbeat_ms,
             allow_new_incarnation_to_reconnect=elastic)
         if elastic:
             ctx.coordination_service.recoverable_jobs.append("worker")
@@ -247,7 +250,8 @@ def coordination_service_kv():
 
 def coordination_key_value(key, timeout_in_ms):
     """The value of `key` in the coordination service's store; raises when absent
-    after `timeout_in_ms` (or when the service is unreachable)."""
+    after `timeout_in_ms` (or when the service is unreachable); 0 waits until it is
+    set. A read that times out stays pending on the service until the key is set."""
     return context.context().get_config_key_value(key, timeout_in_ms=timeout_in_ms)
 
 

@@ -52,7 +52,7 @@ def prepare() -> bool:
     Returns:
         Whether the context was configured.
     """
-    from tfdist_ext import _compat, cluster  # pylint: disable=import-outside-toplevel
+    from tfdist_ext import _compat, cluster, liveness  # pylint: disable=import-outside-toplevel
     try:
         spec = cluster.cluster_from_env()
     except ValueError:
@@ -62,8 +62,9 @@ def prepare() -> bool:
     jobs = spec.without_servers()
     resolver = jobs.resolver()
     joining = _joins_running_job(spec)
-    if not _compat.prepare_multi_worker_context(resolver.cluster_spec(), spec.task_type,
-                                                spec.task_index, coordination=not joining):
+    if not _compat.prepare_multi_worker_context(
+            resolver.cluster_spec(), spec.task_type, spec.task_index,
+            coordination=not joining, heartbeat_ms=liveness.coordination_heartbeat_ms()):
         return False
     share_cores(spec)
     frontends.get().prepare_workers(spec.worker_addresses)

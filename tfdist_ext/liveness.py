@@ -16,7 +16,10 @@ ends with that error exits at once, skipping TF's slow teardown.
 
 A worker that ends first writes so into the coordination service's key-value
 store: normally, and its peers stop watching it; with an error of its own, and
-its peers stop at once naming that error (the store is read every round).
+its peers stop at once naming that error (a thread of each worker waits in the
+store for that report with one read that blocks: a read with a timeout stays
+pending on the service until its key is set, so reading it every round would
+grow the chief's memory without bound).
 
 In elastic training a worker that was itself frozen (SIGSTOP, a paused VM) and
 runs again finds so from its own clock (a thread that sleeps `INTERVAL_SECONDS`
@@ -44,6 +47,8 @@ TIMEOUT_VARIABLE = "TFDIST_PEER_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 2.0
 INTERVAL_SECONDS = 0.5
 MISSES = 2
+RETRY_SECONDS = 5.0  # how often the wait for a failure report retries an unreachable store
+WATCHED_HEARTBEAT_MS = 60_000  # TF's coordination heartbeat while the watcher runs
 # A sleep this much late means the process stood still (a thread starved of the GIL
 # wakes within milliseconds); shorter than the peers need to remove it (about 5 s).
 FROZEN_SECONDS = 3.0
@@ -76,6 +81,23 @@ def timeout_from_env(environ=os.environ) -> float:
     return value
 
 
+def coordination_heartbeat_ms(environ=os.environ) -> int:
+    """The heartbeat timeout (ms) for TF's coordination service in a job that is not
+    elastic: `WATCHED_HEARTBEAT_MS` while the watcher runs, 0 (TF's default, 10 s)
+    with ``TFDIST_PEER_TIMEOUT=0`` or an invalid value (`Strategy()` reports it).
+
+    With the watcher on, the service's heartbeat only backs it up: the watcher
+    names a dead or stopped peer within 5 s, while the service fails the whole
+    job, every worker at once, when one heartbeat of a live worker waits more
+    than the timeout in the chief's RPC thread pool, which the chief's other
+    RPCs share.
+    """
+    try:
+        return WATCHED_HEARTBEAT_MS if timeout_from_env(environ) > 0 else 0
+    except ValueError:
+        return 0
+
+
 def task_name(job: str, index: int) -> str:
     return f"/job:{job}/replica:0/task:{index}"
 
@@ -103,13 +125,17 @@ class Watcher:
         self.reason: Optional[str] = None
         self.frozen_seconds: Optional[float] = None  # the longest time this process stood
         self._stop = threading.Event()
+        self._failure: Optional[str] = None  # the store's "<task> <its error>"
         self._thread = threading.Thread(target=self._run, name="tfdist-liveness", daemon=True)
+        self._reports = threading.Thread(target=self._await_failure, name="tfdist-failures",
+                                         daemon=True)
         self._clock = threading.Thread(target=self._tick, name="tfdist-clock", daemon=True)
 
     def start(self):
         if self.keep_watching:  # a replacement: the death it replaces is not news
             self._reported.add(_stored(_FAILED_KEY, timeout_in_ms=1))
         self._thread.start()
+        self._reports.start()
         if self.keep_watching:
             self._clock.start()
 
@@ -126,10 +152,20 @@ class Watcher:
         self._alive[task] = alive
         self.peers[task] = address
 
+    def _await_failure(self):
+        """Waits for the first failing worker's report in the store (set once: the
+        store refuses to set a key again), retrying while the service is unreachable."""
+        while not self._stop.is_set():
+            try:
+                self._failure = _compat.coordination_key_value(_FAILED_KEY, timeout_in_ms=0)
+                return
+            except Exception:  # pylint: disable=broad-except  (no service: a replacement)
+                self._stop.wait(RETRY_SECONDS)
+
     def _run(self):
         misses = self._misses
         while not self._stop.wait(INTERVAL_SECONDS):
-            failed = _stored(_FAILED_KEY, timeout_in_ms=1)  # "<task> <its error>"
+            failed = self._failure
             if (failed is not None and failed not in self._reported
                     and failed.split(" ", 1)[0] in self.peers):
                 self._reported.add(failed)  # a replacement of that task is new

@@ -19,6 +19,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import tfdist_ext
 
@@ -45,7 +46,9 @@ def main(out_dir, mode):
     results = {"mode": mode, "workers": strategy.num_replicas_in_sync,
                "tf_config": json.loads(os.environ["TF_CONFIG"]),
                "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
-               "tf_keras_is_keras_3": tf.keras.layers.Dense is keras.layers.Dense}
+               "tf_keras_is_keras_3": tf.keras.layers.Dense is keras.layers.Dense,
+               "heartbeat_ms": getattr(context.context().coordination_service,
+                                       "heartbeat_timeout_in_ms", None)}
     callbacks = []
     if mode == "ray":
         from ray.train.tensorflow.keras import (  # pylint: disable=import-outside-toplevel
