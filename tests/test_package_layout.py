@@ -80,6 +80,7 @@ KNOWN_STATE = {
         "the check of Keras' and TF's patched signatures, made and warned about once",
     "tfdist_ext.keras.patches:_installed": "Keras' classes are patched once a process",
     "tfdist_ext.keras.preemption:_stops": "numbers the preemption stops, " + _SPMD,
+    "tfdist_ext.keras.stop_training:_fits": "numbers the fits whose stops it agrees, " + _SPMD,
     "tfdist_ext.keras.saving:_cluster":
         "the first multi-worker strategy and save counts, for the process-wide save wrappers",
     "tfdist_ext.keras.saving:_fitting": "per thread: whether it runs inside fit",

@@ -20,14 +20,15 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, launch, read_worker_json
+from tfdist_ext.keras import preemption
 
 SCRIPTS = ROOT / "tests" / "workers" / "user_scripts"
 DRIVER = ROOT / "tests" / "workers" / "run_scripts.py"
 # late_finish last: its non-chief workers end 4 s after the chief.
 # mixed_precision_accumulation after unseeded_shuffle: it seeds NumPy and TF globally.
 ORDER = ["text_classifier", "text_from_directory", "unseeded_shuffle", "custom_steps",
-         "tutorial", "callbacks_and_schedules", "mixed_precision_accumulation",
-         "late_finish"]
+         "tutorial", "callbacks_and_schedules", "stop_on_some_workers",
+         "mixed_precision_accumulation", "late_finish"]
 
 
 @pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.matrix), 3],
@@ -180,6 +181,23 @@ def test_stopping_and_learning_rate_callbacks_act_alike_on_every_worker(job):
     np.testing.assert_allclose(first["rates"][stopped:],
                                [0.01 / (1 + e) for e in first["second_epochs"]], rtol=1e-6)
     assert np.all(np.isfinite(first["second_loss"] + first["train_on_batch"]))
+
+
+@pytest.mark.multiworker
+def test_a_stop_decided_on_some_workers_stops_every_worker_at_one_step(job):
+    """The last worker's callback stopped alone: it left fit while the others waited in
+    the next step's all-reduce, and all failed after the engine's 30 s timeout."""
+    workers = results(job, "stop_on_some_workers")
+    for result in workers[1:]:
+        assert result == workers[0]  # the same epochs, iterations and weights
+    first = workers[0]
+    # At an epoch's end, and after a batch on every worker: where one process stops.
+    assert first["epoch_end_on_one"] == dict(first["epoch_end_on_one"], epochs=2,
+                                             iterations=48)
+    assert first["batch_on_all"] == dict(first["batch_on_all"], epochs=1, iterations=4)
+    # After a batch on one worker of several: at the next reading of the agreed stop.
+    steps = 4 if job["workers"] == 1 else preemption.CHECK_EVERY
+    assert first["batch_on_one"] == dict(first["batch_on_one"], epochs=1, iterations=steps)
 
 
 @pytest.mark.multiworker

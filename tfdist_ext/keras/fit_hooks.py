@@ -37,8 +37,8 @@ import tensorflow as tf
 
 from tfdist_ext import frontends, zero
 from tfdist_ext.keras import (callback_state, data_order, elastic_steps, local_input,
-                              moved_momentum, patch_check, preemption, saving, uneven,
-                              worker_callbacks, xla)
+                              moved_momentum, patch_check, preemption, saving, stop_training,
+                              uneven, worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -183,11 +183,13 @@ def wrap_fit(original):
                     callbacks, keras.callbacks.CallbackList):
                 backups = [c for c in callbacks or []
                            if isinstance(c, keras.callbacks.BackupAndRestore)]
-                stop = preemption.StopOnPreemption(strategy, backups)
+                stop = [preemption.StopOnPreemption(strategy, backups)]
+                if strategy.num_workers > 1 and elastic is None:
+                    stop.append(stop_training.AgreeOnStop(strategy))
                 if len(args) > 5:
-                    args[5] = list(args[5] or []) + [stop]
+                    args[5] = list(args[5] or []) + stop
                 else:
-                    kwargs["callbacks"] = list(kwargs["callbacks"] or []) + [stop]
+                    kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
             if elastic is not None and elastic.joining:
                 _join(self, strategy, args, kwargs)
             if elastic is not None:

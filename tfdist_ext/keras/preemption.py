@@ -59,6 +59,12 @@ class Preemption:
                                                       name="tfdist_stop_requested")
             self.agreed = _compat.ResourceVariable(0.0, trainable=False,
                                                    name="tfdist_stop_agreed")
+            # The same for `model.stop_training` set on some workers only
+            # (`tfdist_ext.keras.stop_training`).
+            self.stop_requested = _compat.ResourceVariable(
+                0.0, trainable=False, name="tfdist_fit_stop_requested")
+            self.stop_agreed = _compat.ResourceVariable(0.0, trainable=False,
+                                                        name="tfdist_fit_stop_agreed")
         self.signal_name = None
         self.alone = False
 

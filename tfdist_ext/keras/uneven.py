@@ -136,7 +136,7 @@ def _agree(data, strategy, eager=False):
     """n_r / N for this replica's batch (None when every batch has the same size).
 
     With several workers the all-reduce also sums the stop requests into
-    `strategy.preemption.agreed`.
+    `strategy.preemption.agreed` and `strategy.preemption.stop_agreed`.
     """
     first = _first_input(data)
     static = _static_batch(first, eager)
@@ -149,8 +149,9 @@ def _agree(data, strategy, eager=False):
         return None  # a static batch dimension: the same on every replica
     samples = _samples(first)
     values = [samples[None]]
-    if preemption is not None:
+    if preemption is not None:  # SIGTERM, and `stop_training` set on some workers only
         values.append(preemption.requested.read_value()[None])
+        values.append(preemption.stop_requested.read_value()[None])
     if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
         join_at = len(values)
         values.append(elastic.join_flag.read_value()[None])
@@ -162,6 +163,7 @@ def _agree(data, strategy, eager=False):
     totals = strategy.all_reduce_dense(tf.distribute.ReduceOp.SUM, tf.concat(values, 0))
     if preemption is not None:
         preemption.agreed.assign(totals[1])
+        preemption.stop_agreed.assign(totals[2])
     if elastic is not None:
         elastic.join_agreed.assign(totals[join_at])
     if monitor is not None:
