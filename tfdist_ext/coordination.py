@@ -7,6 +7,7 @@ must make the same calls in the same order.
 """
 
 import base64
+import threading
 import time
 
 import tensorflow as tf
@@ -89,6 +90,36 @@ def get_unless_stopped(kv, key: str, seconds: float, stopped=None) -> str:
             if reason:
                 raise tf.errors.AbortedError(  # pylint: disable=raise-missing-from
                     None, None, f"Stopped waiting for {key!r} in the store: {reason}")
+
+
+def get_all_unless_stopped(kv, keys, stopped, poll_seconds: float = 0.2) -> list:
+    """The values of `keys`, each awaited without a timeout, or `tf.errors.AbortedError`
+    once `stopped()` (asked every `poll_seconds`) gives a reason, e.g. a peer found
+    dead, which will never set its key.
+
+    The reads block in a helper thread: on TF's coordination service a read that
+    times out stays pending until its key is set, so reads in short timeouts would
+    leave one pending call per timeout. After a stop that thread stays blocked.
+    """
+    values, done = [], threading.Event()
+    failure = []
+
+    def read():
+        try:
+            values.extend(kv.get(key) for key in keys)
+        except Exception as err:  # pylint: disable=broad-except  (re-raised below)
+            failure.append(err)
+        done.set()
+
+    threading.Thread(target=read, name="tfdist-store-read", daemon=True).start()
+    while not done.wait(poll_seconds):
+        reason = stopped()
+        if reason:
+            raise tf.errors.AbortedError(
+                None, None, f"Stopped waiting for {keys[len(values)]!r} in the store: {reason}")
+    if failure:
+        raise failure[0]
+    return values
 
 
 def barrier(prefix: str, number: int, timeout: float, num_workers: int, worker_index: int):

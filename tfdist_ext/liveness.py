@@ -246,6 +246,12 @@ def timed_out(err) -> bool:
     return "Deadline" in type(err).__name__ or "deadline" in text.lower()
 
 
+def failure() -> Optional[str]:
+    """Why the process's watcher stopped this worker's collectives (a peer failed or
+    stopped), or None: for waits outside the collectives, which it cannot abort."""
+    return None if _watcher is None else _watcher.reason
+
+
 def frozen_seconds() -> Optional[float]:
     """The longest time this process stood still (elastic training's watcher only;
     None: never longer than `FROZEN_SECONDS`)."""

@@ -9,7 +9,9 @@ that named no callback. `AgreeOnStop`, the last callback of every synchronous
 
 - At an epoch's end the workers exchange their `stop_training` (one exchange
   through the coordination service per epoch): when any worker set it, every
-  worker stops there, as one process would.
+  worker stops there, as one process would. A peer that fails meanwhile ends
+  the wait as soon as the dead-peer watcher finds it (`tfdist_ext.liveness`),
+  with an error naming it.
 - After a batch, a worker that set it records so in the store for that step
   and waits up to `WAIT_SECONDS` for every other worker's record. The first
   decision written is everyone's: "now" (every worker set it after this
@@ -30,7 +32,7 @@ import time
 
 import keras
 
-from tfdist_ext import coordination
+from tfdist_ext import coordination, liveness
 from tfdist_ext.keras import preemption as preemption_lib
 
 WAIT_SECONDS = 2.0  # how long a worker that stopped after a batch waits for the others'
@@ -80,8 +82,14 @@ class AgreeOnStop(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         mine = int(bool(self.model.stop_training) or self.pending)
-        everyone = self.strategy.exchange(f"stop-training/{self.fit}/{epoch}", mine)
-        self.model.stop_training = any(int(value) for value in everyone)
+        prefix, me = f"tfdist/stop-training/{self.fit}/epoch-{epoch}", self.strategy.worker_index
+        self.kv.set(f"{prefix}/{me}", str(mine))
+        # A peer that failed never writes its flag: the dead-peer watcher's finding
+        # ends the wait (it aborts the collectives only).
+        others = [f"{prefix}/{worker}" for worker in range(self.strategy.num_workers)
+                  if worker != me]
+        flags = coordination.get_all_unless_stopped(self.kv, others, liveness.failure)
+        self.model.stop_training = bool(mine) or any(int(flag) for flag in flags)
 
     def _decide(self) -> str:
         """"now" when every worker set `stop_training` after this step, else "later"."""
