@@ -36,7 +36,8 @@ class KeyValue:
         return get_value(key)
 
 
-def exchange(prefix: str, value, num_workers: int, worker_index: int, kv=None) -> list:
+def exchange(prefix: str, value, num_workers: int, worker_index: int, kv=None,
+             stopped=None) -> list:
     """Every worker's `value` (as a string), in worker order.
 
     Args:
@@ -45,10 +46,16 @@ def exchange(prefix: str, value, num_workers: int, worker_index: int, kv=None) -
         num_workers: Workers in the job.
         worker_index: This worker's index.
         kv: Where to meet (`KeyValue` by default).
+        stopped: Asked while waiting (see `get_all_unless_stopped`); a reason ends
+            the wait with `tf.errors.AbortedError` naming it. None: wait as long
+            as the store allows.
     """
     kv = kv or KeyValue()
     kv.set(f"{prefix}/{worker_index}", str(value))
-    return [kv.get(f"{prefix}/{w}", _FOREVER_SECONDS) for w in range(num_workers)]
+    keys = [f"{prefix}/{w}" for w in range(num_workers)]
+    if stopped is not None:
+        return get_all_unless_stopped(kv, keys, stopped)
+    return [kv.get(key, _FOREVER_SECONDS) for key in keys]
 
 
 def exchange_ranks(prefix: str, mine, first_rank: int, world_size: int, kv, seconds: float,
@@ -116,7 +123,8 @@ def get_all_unless_stopped(kv, keys, stopped, poll_seconds: float = 0.2) -> list
         reason = stopped()
         if reason:
             raise tf.errors.AbortedError(
-                None, None, f"Stopped waiting for {keys[len(values)]!r} in the store: {reason}")
+                None, None, f"Stopped waiting for {keys[min(len(values), len(keys) - 1)]!r} "
+                f"in the store: {reason}")
     if failure:
         raise failure[0]
     return values

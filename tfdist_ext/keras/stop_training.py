@@ -55,7 +55,6 @@ class AgreeOnStop(keras.callbacks.Callback):
         self.requests = strategy.preemption
         self.kv = kv or coordination.KeyValue()
         self.fit = 0
-        self.epoch = 0
         self.steps = 0
         self.pending = False  # this worker asked for a stop at a later step
 
@@ -63,9 +62,6 @@ class AgreeOnStop(keras.callbacks.Callback):
         self.fit, self.steps, self.pending = next(_fits), 0, False
         self.requests.stop_requested.assign(0.0)
         self.requests.stop_agreed.assign(0.0)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
@@ -82,14 +78,12 @@ class AgreeOnStop(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         mine = int(bool(self.model.stop_training) or self.pending)
-        prefix, me = f"tfdist/stop-training/{self.fit}/epoch-{epoch}", self.strategy.worker_index
-        self.kv.set(f"{prefix}/{me}", str(mine))
         # A peer that failed never writes its flag: the dead-peer watcher's finding
         # ends the wait (it aborts the collectives only).
-        others = [f"{prefix}/{worker}" for worker in range(self.strategy.num_workers)
-                  if worker != me]
-        flags = coordination.get_all_unless_stopped(self.kv, others, liveness.failure)
-        self.model.stop_training = bool(mine) or any(int(flag) for flag in flags)
+        flags = coordination.exchange(f"tfdist/stop-training/{self.fit}/epoch-{epoch}", mine,
+                                      self.strategy.num_workers, self.strategy.worker_index,
+                                      self.kv, stopped=liveness.failure)
+        self.model.stop_training = any(int(flag) for flag in flags)
 
     def _decide(self) -> str:
         """"now" when every worker set `stop_training` after this step, else "later"."""
