@@ -42,7 +42,8 @@ def test_a_hung_or_crashed_upstream_test_is_recorded_and_the_rest_still_run(tmp_
         sys.path.pop(0)
     tests = tmp_path / "harness_test.py"
     tests.write_text(
-        "import os, time\n"
+        "import atexit, os, time\n"
+        "atexit.register(time.sleep, 12)\n"  # a slow exit is not a hang: no test runs
         "def test_a():\n    pass\n"
         "def test_b_hangs():\n    time.sleep(600)\n"
         "def test_c():\n    assert False\n"

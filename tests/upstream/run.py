@@ -152,18 +152,19 @@ def run_nodes(strategy, files, timeout=1200, scoped=False, stall=240, skip=()):
 
 def _pytest(command, env, log, stall, deadline):
     """Runs pytest until it exits ("exited"; a crash inside a test shows in the log)
-    or writes nothing to `log` for `stall` seconds ("stalled"; before its first
-    entry, while pytest imports TensorFlow and collects, at least STARTUP_SECONDS);
-    raises TimeoutError when `deadline` passes."""
+    or writes nothing to `log` for `stall` seconds while a test runs ("stalled";
+    outside a test, while pytest imports TensorFlow, collects or exits, at least
+    STARTUP_SECONDS); raises TimeoutError when `deadline` passes."""
     with tempfile.TemporaryFile("w+") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
                                    text=True, start_new_session=True)
-        size, last = -1, time.monotonic()
+        size, last, in_test = -1, time.monotonic(), False
         while process.poll() is None:
             now = time.monotonic()
             if log.stat().st_size != size:
                 size, last = log.stat().st_size, now
-            allowed = stall if size > 0 else max(stall, STARTUP_SECONDS)
+                in_test = _in_test(log)
+            allowed = stall if in_test else max(stall, STARTUP_SECONDS)
             if now > deadline or now - last > allowed:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
@@ -175,6 +176,17 @@ def _pytest(command, env, log, stall, deadline):
             time.sleep(1)
         output.seek(0)
         return "exited", output.read()[-3000:]
+
+
+def _in_test(log):
+    """Whether the last complete entry of `log` is a test's start."""
+    lines = log.read_text().splitlines()
+    while lines:
+        try:
+            return "start" in json.loads(lines.pop())
+        except json.JSONDecodeError:
+            continue
+    return False
 
 
 def _test_id(nodeid):
