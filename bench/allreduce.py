@@ -89,7 +89,6 @@ def relaunch(args, argv):
 def run(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tfdist_ext.collectives import auto  # pylint: disable=import-outside-toplevel
     from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
 
     tf.get_logger().setLevel("ERROR")  # one tf.function per measurement is the point here
@@ -118,7 +117,8 @@ def measure(args, names, allreduce, engine):
     strategy = tfdist_ext.Strategy(allreduce=allreduce, num_replicas=args.replicas,
                                    engine=engine)
     cross_ops = strategy.extended.cross_device_ops
-    names = names or cross_ops.auto_candidates + ("auto",)
+    calibrated = cross_ops.choice.calibration
+    names = names or cross_ops.choice.candidates + ("auto",)
     world = strategy.num_replicas_in_sync
     placement = "workers" if strategy.cluster else "replicas"
     is_chief = strategy.cluster is None or strategy.cluster.task_index == 0
@@ -131,7 +131,7 @@ def measure(args, names, allreduce, engine):
         steps = args.steps or (32 if size < (64 << 10) else 8 if size < (1 << 20) else 2)
         # "auto" decides as in training: the model, then timing its close candidates
         # at this size (collectives.refine) before the benchmark's own timing.
-        chosen = {name: (cross_ops.select_algorithm(4 * elements) if name == "auto" else name)
+        chosen = {name: (cross_ops.choice.select(4 * elements) if name == "auto" else name)
                   for name in names}
         refined = {d["bytes"]: d for d in strategy.allreduce_refinements}.get(4 * elements)
         fns = {name: calibration.all_reduce_fn(cross_ops, chosen[name], elements, steps)
@@ -151,9 +151,9 @@ def measure(args, names, allreduce, engine):
                 "times_ms": [1e3 * t for t in seconds[name]],
                 "algbw_GBps": algbw,
                 "busbw_GBps": algbw * (2 * (world - 1) / world if world > 1 else 1.0),
-                "modelled_ms": 1e3 * cross_ops.calibration.predict(chosen[name], 4 * elements)})
+                "modelled_ms": 1e3 * calibrated.predict(chosen[name], 4 * elements)})
             if name == "auto":
-                records[-1]["model_choice"] = auto.choose(cross_ops.calibration, 4 * elements,
+                records[-1]["model_choice"] = auto.choose(calibrated, 4 * elements,
                                                           candidates=allreduce.get("candidates"))
                 records[-1]["refined_ms"] = refined["ms"] if refined else {}
                 records[-1]["refine_seconds"] = refined.get("seconds", 0.0) if refined else 0.0

@@ -2,6 +2,7 @@
 
 import ast
 import collections
+import re
 import subprocess
 import sys
 
@@ -182,6 +183,28 @@ def test_nothing_probes_a_strategy_for_attributes():
                     and "strateg" in ast.unparse(node.args[0])):
                 probes.add(f"{name}:{node.args[1].value}")
     assert probes == set(ALLOWED_PROBES)
+
+
+def test_the_cross_device_ops_forward_nothing_to_their_parts():
+    """Issue 53: callers name the part (``cross_ops.choice.calibration``), so the
+    class has no property that only returns a part's attribute and no attribute
+    made by a call at class level (a forwarding descriptor)."""
+    tree = ast.parse((ROOT / "tfdist_ext" / "cross_device_ops.py").read_text(encoding="utf-8"))
+    parts = {"choice", "wire", "buckets", "engines"}
+    cls = next(node for node in tree.body
+               if isinstance(node, ast.ClassDef) and node.name == "CrossDeviceOps")
+    forwarding = []
+    for node in cls.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            forwarding.append(ast.unparse(node.targets[0]))
+        elif isinstance(node, ast.FunctionDef):
+            body = [n for n in node.body if not (isinstance(n, ast.Expr)
+                                                  and isinstance(n.value, ast.Constant))]
+            if (len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None
+                    and re.fullmatch(rf"self\.({'|'.join(parts)})\.\w+(\(.*\))?",
+                                     ast.unparse(body[0].value), re.S)):
+                forwarding.append(node.name)
+    assert forwarding == []
 
 
 def test_the_launcher_does_not_import_tensorflow_or_keras():

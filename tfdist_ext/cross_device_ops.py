@@ -11,9 +11,10 @@ Routing (`_all_reduce`):
     * ``allreduce="native"`` for every size: TF's own path, unchanged.
     * otherwise dense tensors are fused into flat buffers per dtype
       (`collectives.fusion`), and each buffer goes to the algorithm
-      `select_algorithm(num_bytes)` picks: "native" buffers to TF's
-      CollectiveReduceV2 ring, any other name to the graph engine
-      (`collectives.engine`), which runs that algorithm's schedule.
+      `choice.select(num_bytes)` picks: "native" buffers to TF's
+      CollectiveReduceV2 ring, any other name to the strategy's engine
+      (`engines.main()`: UCX or the graph engine), which runs that
+      algorithm's schedule.
     * IndexedSlices (embedding gradients) are all-gathered, rows in replica
       order (the one-process answer): on the UCX engine (`collectives.sparse`),
       else by TF's native path. With `densify_sparse` (`sparse_as_dense=True`,
@@ -42,9 +43,10 @@ This class routes; each other concern is a part in its own module:
            +-------- GradientReduction  compression/reduction_hooks.py
                               one replica's buckets, compressed and counted
 
-The attributes and methods the strategy, the sync policies, the Keras hooks
-and the tests use (`calibration`, `select_algorithm`, `bucket_plan`,
-`collective_engine`, ...) stay on this class and forward to the parts.
+The strategy, the sync policies and the Keras hooks reach a part through its
+attribute: ``cross_ops.choice.calibration``, ``cross_ops.buckets.bucket_plan``,
+``cross_ops.engines.main()`` (the engine, wired up on first use); this class
+forwards nothing to them.
 """
 
 import contextlib
@@ -126,7 +128,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         through `kv` as in `engines.Engines`). Functions traced before for
         another world size or rank must be traced again; those traced for this
         one run on the new communicators once they are wired up
-        (`collective_engine()`). The previous generation's communicators are
+        (`engines.main()`). The previous generation's communicators are
         destroyed.
         """
         self._worker_index = worker_index
@@ -169,32 +171,6 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     @property
     def first_rank(self) -> int:
         return self._worker_index * len(self._devices)
-
-    # What the strategy, sync policies, hooks and tests use here lives in the parts:
-    # `collectives.choice.AlgorithmChoice`, `bucketing.gradients.GradientBuckets`
-    # and `collectives.engines.Engines`.
-    calibration = delegation.forwarded("choice", "calibration")
-    refiner = delegation.forwarded("choice", "refiner")
-    rank_hosts = delegation.forwarded("choice", "rank_hosts", settable=False)
-    auto_candidates = delegation.forwarded("choice", "candidates", settable=False)
-    algorithm_spec = delegation.forwarded("choice", "spec", settable=False)
-    link_constants = delegation.forwarded("choice", "link_constants", settable=False)
-    backward_times = delegation.forwarded("buckets", "backward_times")
-    plan_override = delegation.forwarded("buckets", "plan_override")
-    plan_inputs = delegation.forwarded("buckets", "plan_inputs")
-    bucket_plan = delegation.forwarded("buckets", "bucket_plan")
-    needs_backward_profile = delegation.forwarded("buckets", "needs_backward_profile",
-                                                  settable=False)
-    collective_engine = delegation.forwarded("engines", "main", settable=False)
-    new_engine = delegation.forwarded("engines", "new", settable=False)
-
-    def select_algorithm(self, num_bytes: int, itemsize: int = 4, refine: bool = True) -> str:
-        """The one place an algorithm is chosen per fused buffer (`AlgorithmChoice.select`)."""
-        return self.choice.select(num_bytes, itemsize, refine)
-
-    def dense_wire_bytes(self, num_elements, dtype):
-        """Bytes this worker's first replica sends to all-reduce such a buffer densely."""
-        return self.wire.dense(num_elements, dtype)
 
     def dense_reductions(self):
         """Reductions traced in this context are not gradients (no compression, uncounted).
@@ -272,7 +248,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         gathered = [i for i in native if sparse.on_engine(flat[i], self.config.engine)]
         native = [i for i in native if i not in gathered]
         for i in gathered:
-            results[i] = sparse.all_gather(self.collective_engine(), flat[i], replica_id,
+            results[i] = sparse.all_gather(self.engines.main(), flat[i], replica_id,
                                            self._group_size, reduce_op == _compat.ReduceOp.MEAN)
         if native:
             reduced = super()._all_reduce(reduce_op, [flat[i] for i in native], replica_id,
@@ -290,7 +266,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
 
             tensors = [flat[i] for i in fused]
             planned = gradients and self.config.bucketing is not None
-            if planned and replica_id == 0 and self.needs_backward_profile():
+            if planned and replica_id == 0 and self.buckets.needs_backward_profile():
                 tensors = gradient_buckets.record_ready_times(tensors, self.state)
             reduced = fusion.fused_all_reduce(
                 tensors, reduce_flat, options.bytes_per_pack,
@@ -309,18 +285,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         Its ops are in the name scope ``tfdist/<algorithm>/<bucket>/``, which
         profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
         """
-        name = self.select_algorithm(buffer.shape.num_elements() * buffer.dtype.size,
-                                     buffer.dtype.size,
-                                     refine=self._gradient_reduction or self._dense_only)
+        name = self.choice.select(buffer.shape.num_elements() * buffer.dtype.size,
+                                  buffer.dtype.size,
+                                  refine=self._gradient_reduction or self._dense_only)
         if self._group_size == 1:
             return buffer
         with tf.name_scope(f"tfdist/{name}/{bucket}/"):
             if name == NATIVE:  # one tensor: TF's packing leaves it whole
                 return super()._all_reduce(_compat.ReduceOp.SUM, [buffer], replica_id,
                                            options)[0]
-            return self.collective_engine().all_reduce(buffer, replica_id,
-                                                       self.algorithm_spec(name),
-                                                       label=f"tfdist/{name}/{bucket}")
+            return self.engines.main().all_reduce(buffer, replica_id, self.choice.spec(name),
+                                                  label=f"tfdist/{name}/{bucket}")
 
     def _tf1_graph_ops(self):
         """What reduces in a TF1 graph (a `tf.Graph` run by a session), as
@@ -340,7 +315,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         if (self.config.engine == "ucx" and tensor.shape.is_fully_defined()
                 and tensor.shape.rank and tensor.dtype in ucx_engine.SUPPORTED_DTYPES):
             shape = tensor.shape
-            gathered = self.collective_engine().all_gather(tf.reshape(tensor, [-1]), replica_id)
+            gathered = self.engines.main().all_gather(tf.reshape(tensor, [-1]), replica_id)
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 

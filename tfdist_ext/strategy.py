@@ -139,7 +139,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                  extended._num_workers, extended._num_devices_per_worker,  # pylint: disable=protected-access
                  config.describe())
         if config.allreduce.hosts is not None:
-            self._cross_ops.rank_hosts  # pylint: disable=pointless-statement  (validates)
+            self._cross_ops.choice.rank_hosts  # pylint: disable=pointless-statement  (validates)
         uses_backward_times = getattr(config.bucketing, "uses_backward_times", False)
         if "auto" in config.allreduce.algorithms or uses_backward_times:
             # Before the sync runner, whose background ops share the calibration.
@@ -193,7 +193,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     @property
     def calibration(self):
         """The `collectives.auto.Calibration` "auto" uses (None without "auto")."""
-        return self._cross_ops.calibration
+        return self._cross_ops.choice.calibration
 
     @property
     def allreduce_refinements(self):
@@ -201,7 +201,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         "bytes", "candidates", "choice", "model" (the model's choice), "source"
         ("timed", "cache" or "model ...") and "ms" (the chief's times). Empty
         without "auto" or before the first reduction is traced."""
-        refiner = self._cross_ops.refiner
+        refiner = self._cross_ops.choice.refiner
         return [dict(d) for _, d in sorted(refiner.decisions.items())] if refiner else []
 
     @property
@@ -244,7 +244,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     @property
     def bucket_plan(self):
         """Buckets of the last traced gradient reduction (bytes, gradients, algorithm each)."""
-        return self._cross_ops.bucket_plan
+        return self._cross_ops.buckets.bucket_plan
 
     def fit_callbacks(self):
         """Callbacks `model.fit` adds first (installed by `tfdist_ext.keras.fit_hooks`)."""

@@ -84,7 +84,7 @@ class Extended(_compat.CollectiveAllReduceExtended):
                 engine_role="background")
             # "auto" decides from the model here: timing on the background thread
             # would run beside the main thread's steps.
-            self._background_ops.calibration = main.calibration
+            self._background_ops.choice.calibration = main.choice.calibration
         return self._background_ops
 
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):

@@ -124,7 +124,7 @@ def test_bucketed_training_equals_unbucketed_bit_for_bit(planner, replicas, algo
     actual, _ = _fit(strategy)
     for a, e in zip(actual, expected):
         np.testing.assert_array_equal(a, e)
-    plan = strategy.extended.cross_device_ops.bucket_plan
+    plan = strategy.extended.cross_device_ops.buckets.bucket_plan
     assert sum(b["gradients"] for b in plan) == 2 * LAYERS
     if planner == "wfbp":
         assert len(plan) == 2 * LAYERS
@@ -135,13 +135,13 @@ def test_mgwfbp_profiles_backward_times_then_replans():
                                    bucketing={"name": "mgwfbp", "profile_steps": 3},
                                    num_replicas=2)
     cross_ops = strategy.extended.cross_device_ops
-    assert cross_ops.needs_backward_profile()
+    assert cross_ops.buckets.needs_backward_profile()
     _fit(strategy, epochs=1)
-    times = cross_ops.backward_times
+    times = cross_ops.buckets.backward_times
     assert times is not None and len(times) == 2 * LAYERS
     assert all(t >= 0 for t in times) and sum(times) > 0
     assert int(strategy.state.ready_count.numpy()) == 3
-    assert not cross_ops.needs_backward_profile()
+    assert not cross_ops.buckets.needs_backward_profile()
     # The calibration the planner uses was measured for the configured algorithm.
     assert [line[0] for line in strategy.calibration.lines] == ["native"]
 
@@ -183,7 +183,7 @@ def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
     # A link with a tiny per-message cost (the backward of these small layers
     # takes microseconds), so that alpha x 1/4 .. x 1e6 give different plans.
     from tfdist_ext.collectives import auto  # pylint: disable=import-outside-toplevel
-    strategy.extended.cross_device_ops.calibration = auto.Calibration(
+    strategy.extended.cross_device_ops.choice.calibration = auto.Calibration(
         "test", 2, alpha=1e-6, beta=1e-11, gamma=0.0, lines=(("native", 1e-6, 1e-11),))
     _fit(strategy, epochs=8)  # 48 steps: 2 profiled, then 3 per candidate plan
     tuner = fit_callbacks.kept(strategy)["bucket_tuner"]
@@ -195,7 +195,7 @@ def test_mgwfbp_tuning_times_candidate_plans_and_keeps_the_fastest():
     cross_ops = strategy.extended.cross_device_ops
     chosen = min(tuner.trials, key=lambda t: t["step_seconds"])
     assert [t for t in tuner.trials if t["chosen"]] == [chosen]
-    assert cross_ops.plan_override == plans[tuner.trials.index(chosen)]
+    assert cross_ops.buckets.plan_override == plans[tuner.trials.index(chosen)]
     assert len(strategy.bucket_plan) == chosen["buckets"]
     # Later fits add no tuning callback.
     assert not [c for c in strategy.fit_callbacks() if c is tuner]

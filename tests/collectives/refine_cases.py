@@ -23,10 +23,10 @@ def tie_refiner(strategy, cache_path=None, **kwargs):
         strategy.calibration.cluster_key, strategy.num_replicas_in_sync, 1e-4, 1e-9, 1e-10,
         lines=tuple((name, 1e-3, 1e-9) for name in NAMES),
         points=tuple((name, tie) for name in NAMES))
-    cross_ops.calibration = calibration
-    cross_ops.refiner = refine.Refiner(cross_ops, calibration, NAMES, cache_path=cache_path,
-                                       **kwargs)
-    return cross_ops.refiner
+    cross_ops.choice.calibration = calibration
+    cross_ops.choice.refiner = refine.Refiner(cross_ops, calibration, NAMES,
+                                              cache_path=cache_path, **kwargs)
+    return cross_ops.choice.refiner
 
 
 def reduce_sizes(strategy):

@@ -279,7 +279,7 @@ def test_auto_with_background_reductions(sync):
     history = model.fit(x, x.sum(1, keepdims=True), batch_size=16, epochs=2, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     background = strategy.extended.background_cross_device_ops()
-    assert background.calibration is strategy.calibration
+    assert background.choice.calibration is strategy.calibration
 
 
 @pytest.mark.parametrize("options, message", [

@@ -91,7 +91,7 @@ def test_engine_matches_numpy_and_native(engine, name, num_replicas, monkeypatch
         monkeypatch.setenv("TFDIST_UCX_IN_PROCESS", "0")
         engine = "ucx"
     strategy = tfdist_ext.Strategy(num_replicas=num_replicas, allreduce=name, engine=engine)
-    ucx = strategy.extended.cross_device_ops.collective_engine() if engine == "ucx" else None
+    ucx = strategy.extended.cross_device_ops.engines.main() if engine == "ucx" else None
     if ucx is not None and num_replicas > 1:
         assert ucx.in_process == (os.environ.get("TFDIST_UCX_IN_PROCESS") != "0")
     results, graph = _run(strategy, cases.replica_fn)

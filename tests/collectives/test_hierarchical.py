@@ -86,8 +86,8 @@ def test_engines_match_numpy_on_replicas_grouped_into_hosts(engine, layout):
         num_replicas=len(hosts), engine=engine,
         allreduce={"name": "hierarchical", "hosts": hosts})
     cross_ops = strategy.extended.cross_device_ops
-    assert cross_ops.rank_hosts == hosts
-    assert cross_ops.algorithm_spec("hierarchical") == Hierarchical(hosts, "auto")
+    assert cross_ops.choice.rank_hosts == hosts
+    assert cross_ops.choice.spec("hierarchical") == Hierarchical(hosts, "auto")
     results = _run(strategy, len(hosts))
     inputs = [cases.numpy_inputs(r) for r in range(len(hosts))]
     problems = cases.check(len(hosts), inputs, *results[0])
@@ -102,7 +102,7 @@ def test_auto_considers_hierarchical_only_when_hosts_hold_several_ranks():
         strategy = tfdist_ext.Strategy(
             num_replicas=4, engine="tf",
             allreduce={"name": "ring", "hosts": hosts})
-        return strategy.extended.cross_device_ops.auto_candidates
+        return strategy.extended.cross_device_ops.choice.candidates
 
     assert "hierarchical" in candidates((0, 0, 1, 1))
     assert "hierarchical" not in candidates((0, 1, 2, 3))  # every rank its own host

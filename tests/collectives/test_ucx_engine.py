@@ -82,7 +82,7 @@ def test_engine_selects_ucx_and_ring_by_default_there():
 @needs_ucx
 def test_gather_broadcast_and_start_wait_across_three_replicas():
     strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3)
-    engine = strategy.extended.cross_device_ops.collective_engine()
+    engine = strategy.extended.cross_device_ops.engines.main()
     dtypes = (tf.float32, tf.bfloat16, tf.int64)
 
     @tf.function
@@ -117,7 +117,7 @@ def test_gather_broadcast_and_start_wait_across_three_replicas():
 def test_started_reductions_keep_their_input_across_function_calls():
     """Tickets outlive the step that started them; the kept input is the original."""
     strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3)
-    engine = strategy.extended.cross_device_ops.collective_engine()
+    engine = strategy.extended.cross_device_ops.engines.main()
     n = (1 << 20) + 3  # several segments per step
 
     @tf.function
@@ -159,7 +159,7 @@ def test_in_process_sum_shares_one_buffer_and_names_a_missing_replica():
     # Its own timeout gives this test its own communicators (it breaks them).
     strategy = tfdist_ext.Strategy(engine="ucx", num_replicas=3,
                                    allreduce={"name": "ring", "timeout_seconds": 1.5})
-    engine = strategy.extended.cross_device_ops.collective_engine()
+    engine = strategy.extended.cross_device_ops.engines.main()
     assert engine.in_process
 
     @tf.function

@@ -134,7 +134,7 @@ def test_sync_policy_counters_are_logged(tmp_path):
     assert all(0 <= v <= 2 for v in _values(events, "tfdist/staleness_max"))
     assert len(_values(events, "tfdist/staleness_mean")) == EPOCHS
     # One dense all-reduce of the 643 parameters' gradients per step, applied late.
-    per_step = strategy.extended.cross_device_ops.dense_wire_bytes(643, "float32")
+    per_step = strategy.extended.cross_device_ops.wire.dense(643, "float32")
     assert _values(events, "tfdist/bytes_sent") == [STEPS * per_step] * EPOCHS
 
 

@@ -64,8 +64,8 @@ def test_in_flight_rounds_send_reducible_payloads_and_train_like_dense_rounds(
     stats = strategy.communication_stats()
     ops = strategy.extended.cross_device_ops
     assert stats["sync_rounds"] == stats["reductions"] == steps
-    assert stats["bytes_sent"] == steps * ops.dense_wire_bytes(*payload)
-    assert stats["dense_bytes"] == steps * ops.dense_wire_bytes(FEATURES, "float32")
+    assert stats["bytes_sent"] == steps * ops.wire.dense(*payload)
+    assert stats["dense_bytes"] == steps * ops.wire.dense(FEATURES, "float32")
     np.testing.assert_array_equal(final[0], final[1])
     _, dense = getattr(reference, policy)(w0, rows, steps, 2, LR, lag)
     np.testing.assert_allclose(final[0], dense, rtol=0, atol=atol)
@@ -94,10 +94,10 @@ def test_local_sgd_rounds_send_compressed_changes_and_train_like_dense_rounds(
     ops = strategy.extended.cross_device_ops
     rounds = steps // period
     assert stats["sync_rounds"] == stats["reductions"] == rounds
-    dense_bytes = rounds * ops.dense_wire_bytes(FEATURES, "float32")
+    dense_bytes = rounds * ops.wire.dense(FEATURES, "float32")
     assert stats["dense_bytes"] == dense_bytes
     if payload:
-        assert stats["bytes_sent"] == rounds * ops.dense_wire_bytes(*payload)
+        assert stats["bytes_sent"] == rounds * ops.wire.dense(*payload)
     assert 0 < stats["bytes_sent"] < dense_bytes
     for t in range(period - 1, steps, period):
         np.testing.assert_array_equal(history[t][0], history[t][1])

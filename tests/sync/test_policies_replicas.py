@@ -51,7 +51,7 @@ def test_local_sgd_communicates_one_round_per_period():
     assert sync_rounds == steps
     assert local_stats["reductions"] == 0  # no gradient all-reduce at all
     assert local_stats["sync_rounds"] * period == sync_rounds
-    per_round = local.extended.cross_device_ops.dense_wire_bytes(5, "float32")
+    per_round = local.extended.cross_device_ops.wire.dense(5, "float32")
     assert local_stats["bytes_sent"] == local_stats["sync_rounds"] * per_round > 0
 
 
@@ -72,7 +72,7 @@ def test_delayed_averaging_follows_the_paper(delay, engine):
     np.testing.assert_array_equal(final[0], final[1])
     stats = strategy.communication_stats()
     assert stats["sync_rounds"] == stats["reductions"] == steps
-    dense = strategy.extended.cross_device_ops.dense_wire_bytes(FEATURES, "float32")
+    dense = strategy.extended.cross_device_ops.wire.dense(FEATURES, "float32")
     assert stats["bytes_sent"] == stats["dense_bytes"] == steps * dense > 0
 
 
@@ -120,8 +120,8 @@ def test_delayed_averaging_sends_compressed_rounds(engine):
     np.testing.assert_array_equal(final[0], final[1])
     stats = strategy.communication_stats()
     ops = strategy.extended.cross_device_ops
-    assert stats["bytes_sent"] == steps * ops.dense_wire_bytes(FEATURES, "float16")
-    assert stats["dense_bytes"] == steps * ops.dense_wire_bytes(FEATURES, "float32")
+    assert stats["bytes_sent"] == steps * ops.wire.dense(FEATURES, "float16")
+    assert stats["dense_bytes"] == steps * ops.wire.dense(FEATURES, "float32")
     # The rounding is visible: not the dense reference's weights.
     dense, _ = reference.delayed_averaging(w0, rows, steps, 2, LR, delay)
     assert np.abs(np.asarray(history[-1]) - np.asarray(dense[-1])).max() > 1e-7
@@ -152,7 +152,7 @@ def test_stale_synchronous_follows_ssp(staleness, engine):
     stats = strategy.communication_stats()
     assert 1 <= stats["staleness_max"] <= staleness
     assert stats["sync_rounds"] == stats["reductions"] == steps
-    dense = strategy.extended.cross_device_ops.dense_wire_bytes(FEATURES, "float32")
+    dense = strategy.extended.cross_device_ops.wire.dense(FEATURES, "float32")
     assert stats["bytes_sent"] == steps * dense > 0
 
 
@@ -233,7 +233,7 @@ def test_compressed_local_sgd_averages_slots_exactly_and_counts_them():
     stats = strategy.communication_stats()
     # Per round: top-k of the 5 weights gathered (2 values + 2 indices from the other
     # replica) and the 5 momentum values all-reduced densely.
-    dense_slots = strategy.extended.cross_device_ops.dense_wire_bytes(5, "float32")
+    dense_slots = strategy.extended.cross_device_ops.wire.dense(5, "float32")
     assert stats["bytes_sent"] == 2 * (16 + dense_slots)
     assert stats["reductions"] == 2
 

@@ -167,7 +167,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
 
         def wire_up_and_die(variables):  # the admission's state broadcast, not a recovery's
             if strategy.elastic.joins:
-                strategy.extended.cross_device_ops.collective_engine()  # the new members'
+                strategy.extended.cross_device_ops.engines.main()  # the new members'
                 os.kill(os.getpid(), signal.SIGKILL)
             return broadcast(variables)
 

@@ -54,7 +54,7 @@ def check_reductions(allreduce, num_workers, index, engine):
 def check_disagreement(index):
     """The error when worker 0 sums fewer elements than the others (own communicators)."""
     strategy = tfdist_ext.Strategy(engine="ucx")
-    engine = strategy.extended.cross_device_ops.new_engine(role="disagree")
+    engine = strategy.extended.cross_device_ops.engines.new(role="disagree")
     try:
         engine.all_reduce(tf.ones([(1 << 18) + (index > 0)]), 0, "ring")
     except tf.errors.UnavailableError as err:

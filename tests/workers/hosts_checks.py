@@ -56,7 +56,7 @@ def main(out_dir):
     for name in ("hierarchical", "ring"):
         strategy = tfdist_ext.Strategy(allreduce=name, engine=engine)
         results[name] = _measure(strategy)
-        results["rank_hosts"] = list(strategy.extended.cross_device_ops.rank_hosts)
+        results["rank_hosts"] = list(strategy.extended.cross_device_ops.choice.rank_hosts)
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
 

@@ -197,8 +197,8 @@ def all_reduce_fn(cross_ops, algorithm, num_elements, steps=4, dtype=tf.float32,
     if algorithm == auto.NATIVE:
         reduce_fn = cross_ops.native_sum
     else:
-        engine = engine or cross_ops.collective_engine()
-        spec = cross_ops.algorithm_spec(algorithm)
+        engine = engine or cross_ops.engines.main()
+        spec = cross_ops.choice.spec(algorithm)
         reduce_fn = lambda x, i: engine.all_reduce(x, i, spec)  # noqa: E731
 
     inputs = []

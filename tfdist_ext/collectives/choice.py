@@ -9,7 +9,7 @@ inputs are the configuration and the chief's measurements.
 
 The host layout (the host of every global rank) is part of the choice: with
 several hosts of which some run several ranks, "hierarchical" joins "auto"'s
-candidates, and its schedule depends on the layout (`algorithm_spec`).
+candidates, and its schedule depends on the layout (`spec`).
 
     configuration --+                    +--> name ("ring", "native", ...)
                     +--> select(bytes) --+
@@ -161,8 +161,8 @@ def prepare_auto(cross_ops, cluster_spec) -> Optional[list]:
     every worker calls it at the same point.
 
     Args:
-        cross_ops: The strategy's `CrossDeviceOps`; its `calibration` and
-            `refiner` are set.
+        cross_ops: The strategy's `CrossDeviceOps`; its choice's `calibration`
+            and `refiner` are set.
         cluster_spec: The job's `cluster.ClusterSpec` (None without TF_CONFIG).
 
     Returns:
@@ -173,21 +173,22 @@ def prepare_auto(cross_ops, cluster_spec) -> Optional[list]:
     key = calibration_lib.cluster_key(cluster_spec, cross_ops.group_size, cross_ops.devices,
                                       engine)
     if cross_ops.group_size == 1:
-        cross_ops.calibration = auto.Calibration.defaults(key, 1)
+        cross_ops.choice.calibration = auto.Calibration.defaults(key, 1)
         return None
-    candidates = cross_ops.auto_candidates
+    candidates = cross_ops.choice.candidates
     if "auto" not in options.algorithms:  # only the bucketing planner needs figures
         candidates = tuple(sorted(set(options.algorithms)))
-    cross_ops.calibration = calibration_lib.calibrate(
+    cross_ops.choice.calibration = calibration_lib.calibrate(
         cross_ops, key, cross_ops.first_rank, candidates,
         cache_path=options.calibration_cache, probe=options.calibrate)
     if "auto" not in options.algorithms:
         return None
-    cross_ops.refiner = refine_lib.Refiner(
-        cross_ops, cross_ops.calibration, cross_ops.auto_candidates,
+    cross_ops.choice.refiner = refine_lib.Refiner(
+        cross_ops, cross_ops.choice.calibration, cross_ops.choice.candidates,
         default=engines.default_algorithm(engine),
         cache_path=options.calibration_cache, timing=options.calibrate and options.refine)
-    decisions = auto.decision_table(cross_ops.calibration, candidates=cross_ops.auto_candidates)
+    decisions = auto.decision_table(cross_ops.choice.calibration,
+                                    candidates=cross_ops.choice.candidates)
     if cross_ops.first_rank == 0:
-        log.warning("tfdist_ext: %s", auto.format_table(cross_ops.calibration, decisions))
+        log.warning("tfdist_ext: %s", auto.format_table(cross_ops.choice.calibration, decisions))
     return decisions

@@ -130,7 +130,8 @@ class Refiner:
             start = time.perf_counter()
             if self._engine is None:
                 self._barrier = calibration_lib.barrier_fn(self.cross_ops)  # None in one process
-                self._engine = self.cross_ops.new_engine(engine.TIMING_INSTANCE_KEYS, role="timing")
+                self._engine = self.cross_ops.engines.new(engine.TIMING_INSTANCE_KEYS,
+                                                          role="timing")
             steps = 8 if num_bytes < (1 << 20) else 2  # as the probe and the benchmark
             mine = calibration_lib.time_candidates(self.cross_ops, names, num_bytes,
                                                    2 * self.repeats + 1, steps, self._barrier,

@@ -1,14 +1,14 @@
 """The compressor interface: how one gradient bucket is reduced.
 
 The strategy fuses gradients into flat buckets (`collectives.fusion`) and
-hands each bucket of each replica to `hooks.reduce_bucket`, which sends
+hands each bucket of each replica to `reduction_hooks.reduce_bucket`, which sends
 uncompressible buckets dense and runs the warm-up, then calls the
 compressor's reduction hook (PyTorch's `register_comm_hook` is the model):
 
     compressor.reduce(bucket, comm, state) -> SUM over replicas of bucket.flat
 
 `bucket` carries the flat buffer, the shapes of the gradients in it, its
-stable key and the step; `comm` (a `hooks.Communicator`) is the only way to
+stable key and the step; `comm` (a `reduction_hooks.Communicator`) is the only way to
 talk to the other replicas (all-reduce with the configured algorithm,
 all-gather) and counts what is sent; `state` holds per-bucket variables
 (residuals, PowerSGD's Q) that checkpoints carry.
@@ -161,9 +161,9 @@ class Compressor:
         buckets (integer dtypes, zero elements) never reach it.
 
         Args:
-            bucket: The `hooks.Bucket` (flat buffer, gradient shapes, key,
+            bucket: The `reduction_hooks.Bucket` (flat buffer, gradient shapes, key,
                 local replica index, step).
-            comm: The `hooks.Communicator`: the hook's only way to reach the
+            comm: The `reduction_hooks.Communicator`: the hook's only way to reach the
                 other replicas; what it sends is what the strategy counts.
             state: The strategy's `StrategyState`: `state.buffer(key, replica, ...)`
                 gives per-replica variables that checkpoints carry.

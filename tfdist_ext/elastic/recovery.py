@@ -396,5 +396,5 @@ class Recovery:
 
     def broadcast_state(self, variables):
         """Gives every member rank 0's values of `variables` (eager; `state_sync.broadcast`)."""
-        state_sync.broadcast(self._strategy.extended.cross_device_ops.collective_engine(),
-                        variables)
+        state_sync.broadcast(self._strategy.extended.cross_device_ops.engines.main(),
+                             variables)

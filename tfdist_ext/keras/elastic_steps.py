@@ -131,7 +131,7 @@ def wrap(train_function, model, strategy, phase="train"):
             began = time.monotonic()
             # A function kept from an earlier membership does not wire up the new
             # communicators when it runs (its trace did): they are made here.
-            strategy.extended.cross_device_ops.collective_engine()
+            strategy.extended.cross_device_ops.engines.main()
             logs = train_function(iterator)
             if progress.pause is not None:  # the first step after an admission
                 progress.pause["step"], progress.pause = time.monotonic() - began, None

@@ -65,7 +65,7 @@ def fit_callbacks(strategy) -> list:
         if "bucket_tuner" not in state:
             state["bucket_tuner"] = backward_profile.BackwardProfile(strategy)
         tuner = state["bucket_tuner"]
-        if (strategy.extended.cross_device_ops.needs_backward_profile()
+        if (strategy.extended.cross_device_ops.buckets.needs_backward_profile()
                 or tuner.phase == "trial"):
             callbacks.append(tuner)
     profile = job_profile.from_env(strategy)

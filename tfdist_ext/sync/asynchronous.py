@@ -338,7 +338,7 @@ class _AsyncRunner(PolicyRunner):
             for c, value in zip(components, self._split(replies, variables)):
                 updates.append(c[i].assign(value))
         size = 4 * sum(v.shape.num_elements() for v in variables)
-        dense = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
+        dense = sum(self.cross_ops.wire.dense(v.shape.num_elements(), v.dtype)
                     for v in variables)
         # What the worker sends (its gradient); it receives as much (the parameters).
         updates.append(self.cross_ops.state.count(size, dense))

@@ -227,7 +227,7 @@ class _GossipRunner(PolicyRunner):
         updates = [c[i].assign(value) for i, values in enumerate(mixed)
                    for c, value in zip(components, values)]
         # Counted against what synchronous SGD's gradient all-reduce would send.
-        dense = sum(self.cross_ops.dense_wire_bytes(c[0].shape.num_elements(), c[0].dtype)
+        dense = sum(self.cross_ops.wire.dense(c[0].shape.num_elements(), c[0].dtype)
                     for c in components[:num_parameters])
         updates.append(self.cross_ops.state.count(sent, dense))
         with tf.control_dependencies(updates):
@@ -250,7 +250,7 @@ class _GossipRunner(PolicyRunner):
         replica sent.
         """
         row = tf.gather(tf.constant(self.table), step % len(self.table))
-        engine = self.cross_ops.collective_engine()
+        engine = self.cross_ops.engines.main()
         m, peers = self.policy.weight, self.policy.peers
         result, sent = [], 0
         for i, tensors in enumerate(replicas):

@@ -291,7 +291,7 @@ class _LocalSGDRunner(PolicyRunner):
             means = strategy.extended.batch_reduce_to(
                 _compat.ReduceOp.MEAN, [(v, v) for v in variables])
         updates = [v.assign(m) for v, m in zip(variables, means)]
-        sent = sum(self.cross_ops.dense_wire_bytes(v.shape.num_elements(), v.dtype)
+        sent = sum(self.cross_ops.wire.dense(v.shape.num_elements(), v.dtype)
                    for v in variables)
         updates.append(self.cross_ops.state.count(sent, sent, reductions=0))
         return updates

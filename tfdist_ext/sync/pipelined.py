@@ -75,9 +75,9 @@ class PipelinedRunner(PolicyRunner):
         wire, residual_updates = self.payloads.compress(step, replica, buffers)
         started = [self.inflight.start(step, replica, wire)] + residual_updates
         if replica == 0:  # each round is one all-reduce of the (compressed) buffers
-            sent = sum(self.cross_ops.dense_wire_bytes(w.shape.num_elements(), w.dtype)
+            sent = sum(self.cross_ops.wire.dense(w.shape.num_elements(), w.dtype)
                        for w in wire)
-            dense = sum(self.cross_ops.dense_wire_bytes(b.shape.num_elements(), b.dtype)
+            dense = sum(self.cross_ops.wire.dense(b.shape.num_elements(), b.dtype)
                         for b in buffers)
             started.append(self.cross_ops.state.count(sent, dense))
         with tf.control_dependencies(started):

@@ -29,7 +29,7 @@ class InflightTickets:
 
     Args:
         cross_ops: The strategy's background `CrossDeviceOps` (engine "ucx");
-            its engine runs the rounds and its `select_algorithm` picks each
+            its engine runs the rounds and its choice (`choice.select`) picks each
             buffer's algorithm (from the model: no timing beside the steps).
         num_local: Local replicas.
         delay: d, steps between a round's start and its wait.
@@ -42,7 +42,7 @@ class InflightTickets:
         self._slots = delay + 1
         self._tickets = {}  # local replica -> int64 variable [d + 1, buffers]
         self._specs = None  # (num_elements, dtype) per buffer
-        with _compat.init_scope(), tf.device(cross_ops.collective_engine().devices[0]):
+        with _compat.init_scope(), tf.device(cross_ops.engines.main().devices[0]):
             def counter(value):
                 return _compat.ResourceVariable(tf.constant(value, tf.int64), trainable=False)
             self._first = counter(0)            # rounds before it do not exist
@@ -66,7 +66,7 @@ class InflightTickets:
 
     def start(self, step, replica: int, buffers):
         """Op: starts round `step` of this replica's `buffers` (returns `step`)."""
-        engine = self._cross_ops.collective_engine()
+        engine = self._cross_ops.engines.main()
         specs = [(b.shape.num_elements(), b.dtype) for b in buffers]
         if self._specs is None:
             self._specs = specs
@@ -75,7 +75,7 @@ class InflightTickets:
                              "the model's trainable variables must not change during fit.")
         tickets = []
         for b in buffers:
-            algorithm = self._cross_ops.select_algorithm(
+            algorithm = self._cross_ops.choice.select(
                 b.shape.num_elements() * b.dtype.size, b.dtype.size, refine=False)
             tickets.append(engine.start(b, replica, algorithm, keep_input=True,
                                         label=f"tfdist/{algorithm}/inflight"))
@@ -94,7 +94,7 @@ class InflightTickets:
             replica: Local replica index.
             like: This step's buffers (the round has the same shapes and dtypes).
         """
-        engine = self._cross_ops.collective_engine()
+        engine = self._cross_ops.engines.main()
         variable = self._ticket_variable(replica, len(like))
 
         def awaited():
@@ -124,7 +124,7 @@ class InflightTickets:
         now = step + self.delay
         later = step + tf.range(1, self.delay, dtype=tf.int64)
         ids = tf.gather(variable, later % self._slots)[:, 0]
-        engine = self._cross_ops.collective_engine()
+        engine = self._cross_ops.engines.main()
         done = engine.finished(ids) & (later <= self._last)
         newest = tf.reduce_max(tf.concat([[step], tf.boolean_mask(later, done)], 0))
         lead = now - newest
@@ -134,7 +134,7 @@ class InflightTickets:
 
     def _ticket_variable(self, replica, num_buffers):
         if replica not in self._tickets:
-            with _compat.init_scope(), tf.device(self._cross_ops.collective_engine()
+            with _compat.init_scope(), tf.device(self._cross_ops.engines.main()
                                                  .devices[replica]):
                 self._tickets[replica] = _compat.ResourceVariable(
                     tf.zeros([self._slots, num_buffers], tf.int64), trainable=False)
@@ -152,7 +152,7 @@ class InflightTickets:
         pending = {}
         if self._specs is None:
             return pending
-        engine = self._cross_ops.collective_engine()
+        engine = self._cross_ops.engines.main()
         for step in range(max(first, last - self.delay + 1), last + 1):
             sums, contributions = [], []
             for replica in range(self._num_local):

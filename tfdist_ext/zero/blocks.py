@@ -81,7 +81,7 @@ def gather(distribution, blocks, ranks, plan, variables, dtype, consume):
     """
     devices = distribution.extended.worker_devices
     cross_ops = distribution.extended.cross_device_ops
-    engine = (cross_ops.collective_engine() if distribution.config.engine == "ucx"
+    engine = (cross_ops.engines.main() if distribution.config.engine == "ucx"
               and dtype in _ENGINE_DTYPES else None)
     previous = []
     for bucket in plan.buckets(BUCKET_ELEMENTS):

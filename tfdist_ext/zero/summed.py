@@ -51,7 +51,7 @@ def gradient_blocks(context, optimizer, grads, plan, dtype, stage: int):
 
 
 def _bucket_by_bucket(cross_ops, replica, grads, plan, dtype, stage):
-    engine = cross_ops.collective_engine()
+    engine = cross_ops.engines.main()
     local = replica - cross_ops.first_rank
     mine, previous = [], []
     for bucket in plan.buckets(blocks.BUCKET_ELEMENTS):
@@ -64,7 +64,7 @@ def _bucket_by_bucket(cross_ops, replica, grads, plan, dtype, stage):
                 flat = tf.concat([grads[i] for i in bucket], 0)
                 nbytes = flat.shape.num_elements() * dtype.size
                 summed = engine.all_reduce(
-                    flat, local, cross_ops.select_algorithm(nbytes, dtype.size),
+                    flat, local, cross_ops.choice.select(nbytes, dtype.size),
                     label="tfdist/zero1")
                 parts = (tf.split(summed, [plan.sizes[i] for i in bucket]) if len(bucket) > 1
                          else [summed])
