@@ -19,7 +19,7 @@ LAYERS = (
     ("_compat", "registry", "frontends", "ops", "coordination", "liveness", "cluster", "startup",
      "state"),
     ("collectives", "compression", "bucketing", "ps"),
-    ("sync", "cross_device_ops", "elastic", "zero"),
+    ("sync", "cross_device_ops", "reductions", "elastic", "zero"),
     ("strategy", "strategy_config", "strategy_extended", "early"),
     ("keras", "distribution", "horovod"),
 )
@@ -205,6 +205,27 @@ def test_the_cross_device_ops_forward_nothing_to_their_parts():
                                      ast.unparse(body[0].value), re.S)):
                 forwarding.append(node.name)
     assert forwarding == []
+
+
+def test_the_cross_device_ops_keep_no_mode_between_calls():
+    """Issue 53: what a reduction reduces is an argument (`reductions.Reduction` in its
+    options), so CrossDeviceOps has no context manager, and only its construction, a
+    membership change and the lazily made state object assign its attributes."""
+    tree = ast.parse((ROOT / "tfdist_ext" / "cross_device_ops.py").read_text(encoding="utf-8"))
+    cls = next(node for node in tree.body
+               if isinstance(node, ast.ClassDef) and node.name == "CrossDeviceOps")
+    modal = []
+    for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        nodes = list(ast.walk(method))
+        if (any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in nodes)
+                or any("contextmanager" in ast.unparse(d) for d in method.decorator_list)):
+            modal.append(f"{method.name}: a context manager")
+        if method.name not in ("__init__", "_make_parts", "reconfigure", "state"):
+            modal += [f"{method.name}: sets {ast.unparse(t)}" for n in nodes
+                      if isinstance(n, (ast.Assign, ast.AugAssign))
+                      for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                      if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"]
+    assert modal == []
 
 
 def test_the_launcher_does_not_import_tensorflow_or_keras():

@@ -58,6 +58,7 @@ CollectiveAllReduceExtended = collective_all_reduce_strategy.CollectiveAllReduce
 CollectiveAllReduce = cross_device_ops_lib.CollectiveAllReduce
 CollectiveKeys = cross_device_utils.CollectiveKeys
 CommunicationOptions = collective_util.Options
+CommunicationImplementation = collective_util.CommunicationImplementation
 ReduceOp = reduce_util.ReduceOp
 SimpleClusterResolver = cluster_resolver_lib.SimpleClusterResolver
 TFConfigClusterResolver = tfconfig_cluster_resolver.TFConfigClusterResolver

@@ -28,10 +28,13 @@ Routing (`_all_reduce`):
     * "auto" buffers go to the algorithm `collectives.refine.Refiner` picks: the
       model's choice, or the fastest of close candidates timed by the chief.
 
-Gradient reductions (the batched all-reduce an optimizer issues, which reaches
-`batch_reduce_implementation`) are also where compression applies and where
+What a reduction reduces comes with the call, as a `reductions.Reduction` in
+its options (`reductions.of(options)`): gradients and pseudo-gradients (an
+optimizer's batched all-reduce, which `strategy_extended.Extended` marks as
+gradients when the caller did not say) are where compression applies and where
 the per-replica step counter and byte counters of `StrategyState` advance;
-other reductions (metrics, `strategy.reduce`) stay dense and uncounted.
+dense reductions and calls without a `Reduction` (metrics, `strategy.reduce`)
+stay dense and uncounted. The class keeps no mode between calls.
 
 This class routes; each other concern is a part in its own module:
 
@@ -49,12 +52,11 @@ attribute: ``cross_ops.choice.calibration``, ``cross_ops.buckets.bucket_plan``,
 forwards nothing to them.
 """
 
-import contextlib
 import copy
 
 import tensorflow as tf
 
-from tfdist_ext import _compat, delegation
+from tfdist_ext import _compat, reductions
 from tfdist_ext.bucketing import gradients as gradient_buckets
 from tfdist_ext.collectives import choice, engines, fusion, sparse, ucx_engine, wire_bytes
 from tfdist_ext.collectives import engine as engine_lib
@@ -97,10 +99,6 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._state = None
         self.densify_sparse = False  # elastic: TF's collectives cannot change members
         self._make_parts(engine_role)
-        self._gradient_reduction = False
-        self._compression = None  # `compression_replaced`
-        self._dense_only = False
-        self._key_prefix = ""
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
                              and isinstance(config.compression, NoCompression)
                              and config.bucketing is None)
@@ -172,24 +170,6 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
     def first_rank(self) -> int:
         return self._worker_index * len(self._devices)
 
-    def dense_reductions(self):
-        """Reductions traced in this context are not gradients (no compression, uncounted).
-
-        Sync policies average parameters through `batch_reduce_to` in this
-        context.
-        """
-        return delegation.setting(self, "_dense_only", True, False)
-
-    def pseudo_gradient_reductions(self):
-        """Reductions traced in this context are compressed and counted like gradients.
-
-        For what relaxed sync policies send instead of gradients (local SGD's
-        parameter change since the last average): their buckets get keys of
-        their own ("delta_b0_..."), so residuals and compressor state never
-        mix with the gradient buckets'.
-        """
-        return delegation.setting(self, "_key_prefix", "delta_", "")
-
     def reduce_buffers(self, buffers):
         """Sums flat buffers over all replicas, densely, with the configured algorithms.
 
@@ -201,7 +181,8 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             The sums, in the same nesting. Call inside a `tf.function`.
         """
         options = self._options
-        return [[self._reduce_buffer(b, r, options) if b.shape.num_elements() else b
+        return [[self._reduce_buffer(b, r, options, refine=False) if b.shape.num_elements()
+                 else b
                  for b in replica_buffers]
                 for r, replica_buffers in enumerate(buffers)]
 
@@ -216,29 +197,27 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         if _compat.building_tf1_graph():
             return self._tf1_graph_ops().batch_reduce_implementation(
                 reduce_op, value_destination_pairs, options)
-        # The optimizer's gradient all-reduce; see the module docstring.
-        self._gradient_reduction = not self._dense_only
-        try:
-            return super().batch_reduce_implementation(reduce_op, value_destination_pairs,
-                                                       options)
-        finally:
-            self._gradient_reduction = False
+        return super().batch_reduce_implementation(reduce_op, value_destination_pairs,
+                                                   options)
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
+        reduction = reductions.of(options)
+        gradients = reduction is not None and reduction.compressed  # replica 0 counts
         if self._native_only:
-            scope = "tfdist/native/b0/" if self._gradient_reduction else "tfdist/native/other/"
+            scope = "tfdist/native/b0/" if gradients else "tfdist/native/other/"
             values, restore = (fusion.densified(_compat.nest.flatten(value))
                                if self.densify_sparse else (None, None))
             with tf.name_scope(scope):
                 result = super()._all_reduce(reduce_op, values or value, replica_id, options)
             if restore is not None:
                 result = _compat.nest.pack_sequence_as(value, restore(result))
-            if self._gradient_reduction and replica_id == 0:
+            if gradients and replica_id == 0:
                 dense = self.wire.of_native(_compat.nest.flatten(value))
                 with tf.control_dependencies([self.state.count(dense, dense)]):
                     result = _compat.nest.map_structure(tf.identity, result)
             return result
         options = self._options.merge(options or _compat.CommunicationOptions())
+        refine = reduction is not None  # "auto" times its candidates for these
         values = _compat.nest.flatten(value)
         values, restore = fusion.densified(values) if self.densify_sparse else (values, list)
         flat, native, empty, fused = fusion.partition(values, engine_lib.SUPPORTED_DTYPES)
@@ -256,13 +235,13 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             for i, r in zip(native, reduced):
                 results[i] = r
         if fused:
-            gradients = self._gradient_reduction  # compressed and counted (replica 0 counts)
-            reduction = self._gradient_reduction_of(replica_id, options) if gradients else None
+            hooks = (self._gradient_reduction_of(reduction, replica_id, options) if gradients
+                     else None)
 
             def reduce_flat(buffer, shapes):
-                if reduction is None:
-                    return self._reduce_buffer(buffer, replica_id, options)
-                return reduction.reduce(buffer, shapes)
+                if hooks is None:
+                    return self._reduce_buffer(buffer, replica_id, options, refine=refine)
+                return hooks.reduce(buffer, shapes)
 
             tensors = [flat[i] for i in fused]
             planned = gradients and self.config.bucketing is not None
@@ -272,22 +251,23 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                 tensors, reduce_flat, options.bytes_per_pack,
                 plan=self.buckets.plan if planned else None)
             if gradients and replica_id == 0:
-                count = self.state.count(reduction.bytes_sent, reduction.dense_bytes)
+                count = self.state.count(hooks.bytes_sent, hooks.dense_bytes)
                 with tf.control_dependencies([count]):
                     reduced = [tf.identity(r) for r in reduced]
             for i, r in zip(fused, reduced):
                 results[i] = self._finish(reduce_op, r, replica_id)
         return _compat.nest.pack_sequence_as(value, restore(results))
 
-    def _reduce_buffer(self, buffer, replica_id, options, bucket="other"):
-        """Sums one flat buffer with the algorithm chosen for its size.
+    def _reduce_buffer(self, buffer, replica_id, options, bucket="other", *, refine):
+        """Sums one flat buffer with the algorithm chosen for its size (with `refine`,
+        "auto" times its close candidates at this size: `collectives.refine`).
 
         Its ops are in the name scope ``tfdist/<algorithm>/<bucket>/``, which
         profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
         """
         name = self.choice.select(buffer.shape.num_elements() * buffer.dtype.size,
                                   buffer.dtype.size,
-                                  refine=self._gradient_reduction or self._dense_only)
+                                  refine=refine)
         if self._group_size == 1:
             return buffer
         with tf.name_scope(f"tfdist/{name}/{bucket}/"):
@@ -319,30 +299,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
-    @property
-    def compression(self):
-        """The compressor of gradient reductions traced now (the config's, or a replacement)."""
-        return self._compression or self.config.compression
-
-    @contextlib.contextmanager
-    def compression_replaced(self, compressor):
-        """Gradient reductions traced within the block use `compressor` instead of the
-        config's (`keras.moved_momentum`: the config's with the optimizer's momentum)."""
-        previous, self._compression = self._compression, compressor
-        try:
-            yield
-        finally:
-            self._compression = previous
-
-    def _gradient_reduction_of(self, replica_id, options):
-        """A `reduction_hooks.GradientReduction` for one replica's gradient all-reduce."""
+    def _gradient_reduction_of(self, reduction, replica_id, options):
+        """A `reduction_hooks.GradientReduction` for one replica's share of a
+        (pseudo-)gradient all-reduce."""
         return reduction_hooks.GradientReduction(
-            self.compression, self.state, replica_id, self.first_rank + replica_id,
-            self._group_size,
-            all_reduce=lambda t, name: self._reduce_buffer(t, replica_id, options, name),
+            reduction.compressor or self.config.compression, self.state, replica_id,
+            self.first_rank + replica_id, self._group_size,
+            all_reduce=lambda t, name: self._reduce_buffer(t, replica_id, options, name,
+                                                           refine=True),
             all_gather=lambda t, name: self._gather_in_scope(t, replica_id, options, name),
             dense_bytes=lambda n, dtype, refine: self.wire.dense(n, dtype, replica_id, refine),
-            key_prefix=self._key_prefix)
+            key_prefix=reduction.key_prefix)
 
     def _gather_in_scope(self, tensor, replica_id, options, bucket):
         with tf.name_scope(f"tfdist/allgather/{bucket}/"):

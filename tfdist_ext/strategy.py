@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import (_compat, cluster, compression, coordination, early, frontends, liveness,
-                        startup)
+                        reductions, startup)
 from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.elastic import recovery
@@ -291,12 +291,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         flags, metrics); `replica_context.all_reduce` would treat them as
         gradients.
         """
-        cross_ops = self._cross_ops
-
         def merge_fn(strategy, *per_replica):
-            with cross_ops.dense_reductions():
-                return strategy.extended.batch_reduce_to(
-                    reduce_op, [(v, v) for v in per_replica])
+            return strategy.extended.batch_reduce_to(
+                reduce_op, [(v, v) for v in per_replica],
+                options=reductions.options(reductions.DENSE))
 
         flat = tf.nest.flatten(value)
         reduced = tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(flat))

@@ -2,11 +2,17 @@
 
 `Extended` subclasses TF's `CollectiveAllReduceExtended` (through `_compat`)
 and swaps tfdist_ext's `CrossDeviceOps` in where TF would build its own, for
-the main thread and for the background reductions of the sync policies. It
-also repairs `_reduce_to` on a nest of values (keras-team/keras#20585, part 1).
+the main thread and for the background reductions of the sync policies. Its
+communication options are `reductions.ReductionOptions`, so the `Reduction` a
+caller passes reaches the cross-device ops, and a batched reduction that names
+none is the strategy's gradient all-reduce (Keras reduces gradients with a
+plain `replica_context.all_reduce`). It also repairs `_reduce_to` on a nest of
+values (keras-team/keras#20585, part 1).
 """
 
-from tfdist_ext import _compat
+import contextlib
+
+from tfdist_ext import _compat, reductions
 from tfdist_ext.cross_device_ops import CrossDeviceOps
 
 # Collective group keys: TF's stock strategies count from 1; each tfdist_ext
@@ -31,8 +37,10 @@ class Extended(_compat.CollectiveAllReduceExtended):
 
     def __init__(self, container_strategy, config, devices, cluster_resolver=None):
         self.tfdist_config = config
+        self._gradients = reductions.Reduction(reductions.GRADIENTS)
         super().__init__(container_strategy, cluster_resolver=cluster_resolver,
-                         communication_options=config.communication_options(),
+                         communication_options=reductions.ReductionOptions.of(
+                             config.communication_options()),
                          devices=devices)
 
     def _initialize_local(self, cluster_resolver, devices=None):
@@ -121,6 +129,23 @@ class Extended(_compat.CollectiveAllReduceExtended):
         self._cross_device_ops.reconfigure(worker_index, num_workers, generation, kv)
         if self._background_ops is not None:
             self._background_ops.reconfigure(worker_index, num_workers, generation, kv)
+
+    @contextlib.contextmanager
+    def compressing_gradients_with(self, compressor):
+        """Gradient all-reduces that name no `Reduction` (Keras') and are traced in
+        the block use `compressor` instead of the configuration's
+        (`keras.moved_momentum`: the configuration's with the optimizer's momentum)."""
+        previous = self._gradients
+        self._gradients = reductions.Reduction(reductions.GRADIENTS, compressor)
+        try:
+            yield
+        finally:
+            self._gradients = previous
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        if reductions.of(options) is None:
+            options = reductions.ReductionOptions.of(options, self._gradients)
+        return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         # Stock MWMS is not nest-aware here (keras-team/keras#20585, part 1).

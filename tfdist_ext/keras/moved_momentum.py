@@ -7,7 +7,7 @@ before compression instead (`compress_with_momentum_correction`) and applies
 what arrives as plain SGD. A compressor with `correct_momentum` (top-k's
 default) and no momentum of its own takes the optimizer's: while `fit` runs
 under sync="sync", the strategy traces its gradient reductions with the
-compressor at `momentum=m` (`CrossDeviceOps.compression_replaced`) and the
+compressor at `momentum=m` (`Extended.compressing_gradients_with`) and the
 optimizer's update step without momentum (`momentum_while_tracing`). The
 optimizer object, its config and what `model.save` writes keep m; DGC's
 velocity lives in the strategy's state with the error-feedback residuals.
@@ -61,7 +61,7 @@ def during_fit(strategy, optimizer):
     with _lock:
         _moved.add(inner)
     try:
-        with strategy.extended.cross_device_ops.compression_replaced(compressor):
+        with strategy.extended.compressing_gradients_with(compressor):
             yield
     finally:
         with _lock:

@@ -56,7 +56,7 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdist_ext import _compat
+from tfdist_ext import _compat, reductions
 from tfdist_ext.compression import NoCompression
 from tfdist_ext.registry import boolean, positive_int
 from tfdist_ext.sync.base import SYNC_POLICIES, SyncPolicy
@@ -287,9 +287,9 @@ class _LocalSGDRunner(PolicyRunner):
 
     def _dense_average(self, strategy, variables):
         """Assignments of the plain average (uncompressed), its bytes counted."""
-        with self.cross_ops.dense_reductions():
-            means = strategy.extended.batch_reduce_to(
-                _compat.ReduceOp.MEAN, [(v, v) for v in variables])
+        means = strategy.extended.batch_reduce_to(
+            _compat.ReduceOp.MEAN, [(v, v) for v in variables],
+            options=reductions.options(reductions.DENSE))
         updates = [v.assign(m) for v, m in zip(variables, means)]
         sent = sum(self.cross_ops.wire.dense(v.shape.num_elements(), v.dtype)
                    for v in variables)
@@ -318,9 +318,9 @@ class _LocalSGDRunner(PolicyRunner):
             deltas.append(_compat.PerReplica([
                 tf.reshape(a.read_value(), c.shape) - c.read_value()
                 for a, c in zip(mine, components)]))
-        with self.cross_ops.pseudo_gradient_reductions():
-            sums = strategy.extended.batch_reduce_to(_compat.ReduceOp.SUM,
-                                                     [(d, d) for d in deltas])
+        sums = strategy.extended.batch_reduce_to(
+            _compat.ReduceOp.SUM, [(d, d) for d in deltas],
+            options=reductions.options(reductions.PSEUDO_GRADIENTS))
         updates = []
         for j, (variable, mine, summed) in enumerate(zip(variables, anchors, sums)):
             components = strategy.experimental_local_results(variable)
