@@ -98,7 +98,7 @@ def test_a_reductions_compressor_replaces_the_strategys_for_that_call_only():
 
 
 def test_the_options_carry_the_reduction_through_tfs_merge():
-    strategy_options = reductions.ReductionOptions.of(
+    strategy_options = reductions.ReductionOptions.from_options(
         tf.distribute.experimental.CommunicationOptions(bytes_per_pack=1024))
     dense = reductions.options(reductions.DENSE, tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=5.0))

@@ -266,8 +266,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         profiler traces show (`keras.callbacks.TensorBoard(profile_batch=...)`).
         """
         name = self.choice.select(buffer.shape.num_elements() * buffer.dtype.size,
-                                  buffer.dtype.size,
-                                  refine=refine)
+                                  buffer.dtype.size, refine=refine)
         if self._group_size == 1:
             return buffer
         with tf.name_scope(f"tfdist/{name}/{bucket}/"):

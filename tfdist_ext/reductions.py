@@ -90,7 +90,7 @@ class ReductionOptions(_compat.CommunicationOptions):
         self.reduction = reduction
 
     @classmethod
-    def of(cls, options, reduction=None):
+    def from_options(cls, options, reduction=None):
         """`options`' settings (None: the defaults) with `reduction` attached."""
         if options is None:
             return cls(reduction)
@@ -123,4 +123,4 @@ def options(reduction, base=None):
     """
     if isinstance(reduction, str):
         reduction = Reduction(reduction)
-    return ReductionOptions.of(base, reduction)
+    return ReductionOptions.from_options(base, reduction)

@@ -39,7 +39,7 @@ class Extended(_compat.CollectiveAllReduceExtended):
         self.tfdist_config = config
         self._gradients = reductions.Reduction(reductions.GRADIENTS)
         super().__init__(container_strategy, cluster_resolver=cluster_resolver,
-                         communication_options=reductions.ReductionOptions.of(
+                         communication_options=reductions.ReductionOptions.from_options(
                              config.communication_options()),
                          devices=devices)
 
@@ -144,7 +144,7 @@ class Extended(_compat.CollectiveAllReduceExtended):
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         if reductions.of(options) is None:
-            options = reductions.ReductionOptions.of(options, self._gradients)
+            options = reductions.ReductionOptions.from_options(options, self._gradients)
         return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
     def _reduce_to(self, reduce_op, value, destinations, options):

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import _compat, reductions
+from tfdist_ext import _compat
 from tfdist_ext.sync import lr_scaling
 
 
@@ -66,14 +66,9 @@ class ReplicaOps:
         return int(tf.get_static_value(replica_id)) - self.first_rank
 
     def all_reduce_dense(self, reduce_op, values):
-        """All-reduces tensors from replica context, uncompressed and uncounted."""
-
-        def merge_fn(strategy, *per_replica):
-            return strategy.extended.batch_reduce_to(
-                reduce_op, [(v, v) for v in per_replica],
-                options=reductions.options(reductions.DENSE))
-
-        return tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(values))
+        """All-reduces tensors from replica context, uncompressed and uncounted
+        (`Strategy.all_reduce_dense`)."""
+        return self.strategy.all_reduce_dense(reduce_op, list(values))
 
 
 class BufferAverager(ReplicaOps):
