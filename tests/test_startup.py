@@ -52,6 +52,9 @@ def test_the_message_names_silent_peers_or_a_cluster_mismatch():
     text = startup.message(5, tasks, [tasks[2]])
     assert "within 5 s: no answer from worker 2 (c:3)." in text
     assert "same TF_CONFIG" in startup.message(5, tasks, [])
+    assert "UDP" not in startup.message(5, tasks, [])
+    assert "no member answered its query on UDP" in startup.message(5, tasks, [], elastic=True)
+    assert "UDP" not in startup.message(5, tasks, [tasks[2]], elastic=True)
 
 
 def test_silent_finds_a_closed_port_and_not_an_open_one():

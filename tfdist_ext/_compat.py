@@ -163,7 +163,6 @@ def context_initialized():
     return context.context()._context_handle is not None  # pylint: disable=protected-access
 
 
-ELASTIC_HEARTBEAT_MS = 4000  # the coordination service marks a dead worker this late
 _elastic_context = []  # [True] once the context was configured for replacements
 
 
@@ -191,8 +190,10 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
         task_id: This task's index in its job.
         coordination: False for a replacement joining a running elastic job:
             no coordination service (its leader may be dead), no registration.
-        heartbeat_ms: The coordination service's heartbeat timeout outside
-            elastic training (0: TF's default, 10 s).
+        heartbeat_ms: The coordination service's heartbeat timeout (0: TF's
+            default, 10 s), in elastic training too: the service's own death
+            detection only backs up the dead-peer watcher's, and a timeout
+            puts the late task's TF collectives in error for good.
 
     Returns:
         False (and changes nothing) when the context already exists.
@@ -207,8 +208,9 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
         device_filters=(f"/job:{task_type}/task:{task_id}",))
     # Elastic jobs (TFDIST_ELASTIC=1): a worker's death does not fail the others'
     # agents (a recoverable job). A replacement joins without the service; one that
-    # heard no member's answer registers as a new incarnation, and `Recovery` then
-    # stops it with an error naming the blocked UDP.
+    # heard no member's answer tries to register as a new incarnation, which the
+    # service refuses while the dead task is within its heartbeat timeout: it waits
+    # until the startup watch ends it, naming the blocked UDP (`tfdist_ext.startup`).
     elastic = os.environ.get("TFDIST_ELASTIC") == "1" or not coordination
     if coordination:
         ctx.configure_coordination_service(
@@ -217,7 +219,7 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
             coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
                 name=job, num_tasks=cluster_spec.num_tasks(job))
                 for job in ("chief", "worker") if job in cluster_spec.jobs],
-            heartbeat_timeout_in_ms=ELASTIC_HEARTBEAT_MS if elastic else heartbeat_ms,
+            heartbeat_timeout_in_ms=heartbeat_ms,
             allow_new_incarnation_to_reconnect=elastic)
         if elastic:
             ctx.coordination_service.recoverable_jobs.append("worker")

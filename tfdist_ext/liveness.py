@@ -82,9 +82,9 @@ def timeout_from_env(environ=os.environ) -> float:
 
 
 def coordination_heartbeat_ms(environ=os.environ) -> int:
-    """The heartbeat timeout (ms) for TF's coordination service in a job that is not
-    elastic: `WATCHED_HEARTBEAT_MS` while the watcher runs, 0 (TF's default, 10 s)
-    with ``TFDIST_PEER_TIMEOUT=0`` or an invalid value (`Strategy()` reports it).
+    """The heartbeat timeout (ms) for TF's coordination service, elastic or not:
+    `WATCHED_HEARTBEAT_MS` while the watcher runs, 0 (TF's default, 10 s) with
+    ``TFDIST_PEER_TIMEOUT=0`` or an invalid value (`Strategy()` reports it).
 
     With the watcher on, the service's heartbeat only backs it up: the watcher
     names a dead or stopped peer within 5 s, while the service fails the whole

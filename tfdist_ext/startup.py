@@ -49,8 +49,14 @@ def silent(tasks, connect_seconds: float = 1.0) -> List[Tuple[str, int, str]]:
     return missing
 
 
-def message(seconds: float, tasks, missing) -> str:
-    """What the watcher prints when the cluster did not come together in `seconds`."""
+def message(seconds: float, tasks, missing, elastic: bool = False) -> str:
+    """What the watcher prints when the cluster did not come together in `seconds`.
+
+    With `elastic` (TFDIST_ELASTIC=1) and every port answering, it also names the
+    likelier cause: a worker started again while its job runs, whose query on UDP
+    no member answered, so that it tried to join TF's coordination service, which
+    refuses a second incarnation of a task it still counts as alive.
+    """
     head = f"tfdist_ext.Strategy: the cluster did not come together within {seconds:g} s"
     if missing:
         names = ", ".join(f"{job} {index} ({address})" for job, index, address in missing)
@@ -58,8 +64,13 @@ def message(seconds: float, tasks, missing) -> str:
                 "that worker's log, or raise `Strategy(startup_timeout=...)` when workers "
                 "start far apart.")
     names = ", ".join(f"{job} {index}" for job, index, _ in tasks)
-    return (f"{head}: every peer's port answers ({names}) but not all of them joined; "
+    text = (f"{head}: every peer's port answers ({names}) but not all of them joined; "
             "check that every worker was given the same TF_CONFIG cluster.")
+    if elastic:
+        text += (" In elastic training this is also how a worker started again while its "
+                 "job runs ends when no member answered its query on UDP at their TF_CONFIG "
+                 "ports (`tfdist_ext.elastic.beacon`): let UDP through on those ports.")
+    return text
 
 
 class Watch:
@@ -75,8 +86,11 @@ class Watch:
         self._child = None
         if not seconds or spec is None or spec.num_workers < 2:
             return
+        # This file runs as a standard-library script too: the import stays here.
+        from tfdist_ext.launch import elastic_env  # pylint: disable=import-outside-toplevel
         watch = {"seconds": seconds, "jobs": spec.jobs, "task_type": spec.task_type,
-                 "task_index": spec.task_index, "pid": os.getpid()}
+                 "task_index": spec.task_index, "pid": os.getpid(),
+                 "elastic": os.environ.get(elastic_env.VARIABLE) == "1"}
         self._child = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(watch)],
             stdin=subprocess.PIPE)
@@ -140,7 +154,7 @@ def _watch(spec) -> None:
     if ended:
         return
     tasks = peers(spec["jobs"], spec["task_type"], spec["task_index"])
-    sys.stderr.write(message(spec["seconds"], tasks, silent(tasks)) + "\n")
+    sys.stderr.write(message(spec["seconds"], tasks, silent(tasks), spec["elastic"]) + "\n")
     sys.stderr.flush()
     os.kill(spec["pid"], signal.SIGKILL)
 

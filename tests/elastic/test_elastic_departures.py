@@ -5,6 +5,7 @@ The SIGTERM departures are in test_elastic.py, beside the uninterrupted job they
 are compared with.
 """
 
+import json
 import os
 import re
 import shutil
@@ -58,6 +59,48 @@ def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp
     results = removed_in_time(out, 0, [1, 2])
     assert "worker 1 is now the chief" in texts[1]
     assert weights_sha(out / "ckpt-2.weights.h5") == results[1]["sha"]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_job_frozen_as_a_whole_goes_on_with_every_worker(tmp_path):
+    """SIGSTOP to all three workers for 6 s (a paused VM, a host that stalls under load),
+    then SIGCONT: nobody was removed, so all go on and end alike. TF's coordination
+    service must not take the stall for deaths: once it marked every task in error after
+    a 4 s heartbeat timeout, and Keras' next TF collective failed on every worker."""
+    out = tmp_path / "freeze"
+    out.mkdir()
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
+    logs = [out / f"w{i}.log" for i in range(3)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    procs = [start(configs, i, out, files[i], 0, -1, 3, "mlp", "train",
+                   env={"TFDIST_ELASTIC": "1"}) for i in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "ckpt-1.weights.h5").exists():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [log.read_text(errors="replace")[-2000:] for log in logs]
+            time.sleep(0.1)
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        time.sleep(6)
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+        codes = [p.wait(timeout=180) for p in procs]
+    finally:
+        end_processes(procs, files)
+    texts = [log.read_text(errors="replace") for log in logs]
+    assert codes == [0, 0, 0], [t[-3000:] for t in texts]
+    # The job trains on the UCX engine; TF's collective executor (Keras' model build at a
+    # fit's start, a broadcast) would fail from then on had the service aborted it.
+    assert not any("heartbeat timeout" in t or "StartAbort" in t for t in texts), \
+        [t[-3000:] for t in texts]
+    results = [json.loads((out / f"w{i}.json").read_text()) for i in range(3)]
+    assert [r["failures"] for r in results] == [[], [], []]
+    assert [r["members"] for r in results] == [[0, 1, 2]] * 3
+    assert len({r["sha"] for r in results}) == 1
+    assert weights_sha(out / "ckpt-3.weights.h5") == results[0]["sha"]
 
 
 @NO_UCX
