@@ -228,6 +228,34 @@ def test_the_cross_device_ops_keep_no_mode_between_calls():
     assert modal == []
 
 
+def test_nothing_outside_the_cross_device_ops_writes_into_them_or_their_parts():
+    """Issue 53: what the strategy decides (dense sparse reductions, a shared
+    calibration) reaches the cross-device ops through their constructor, and a measured
+    plan through a method of the part (`GradientBuckets.use_plan`): no module but
+    cross_device_ops.py and the part's own assigns ``<ops>.densify_sparse`` or
+    ``<ops>.<part>.<attribute>`` (lists the five writes there were)."""
+    parts = {"choice": "collectives/choice.py", "wire": "collectives/wire_bytes.py",
+             "buckets": "bucketing/gradients.py", "engines": "collectives/engines.py"}
+    writes = []
+    for path in sorted((ROOT / "tfdist_ext").rglob("*.py")):
+        name = path.relative_to(ROOT / "tfdist_ext").as_posix()
+        if name == "cross_device_ops.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                if not isinstance(target, ast.Attribute):
+                    continue
+                owner = target.value
+                if target.attr == "densify_sparse" or (
+                        isinstance(owner, ast.Attribute) and owner.attr in parts
+                        and parts[owner.attr] != name
+                        and ast.unparse(owner.value) != "self"):
+                    writes.append(f"{name}:{node.lineno} {ast.unparse(target)}")
+    assert writes == []
+
+
 def test_the_launcher_does_not_import_tensorflow_or_keras():
     code = ("import sys, tfdist_ext.launch.cli, tfdist_ext.launch.launcher; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")

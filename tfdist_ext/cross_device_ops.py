@@ -85,11 +85,17 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         engine_role: Which of the process's UCX communicator sets this
             instance uses ("main", or "background" for reductions that run
             beside the main thread's).
+        densify_sparse: Reduce `IndexedSlices` as dense tensors (the
+            strategy's ``sparse_as_dense``, and always in elastic training:
+            TF's collectives, which gather sparse values, cannot change members).
+        calibration: The `auto.Calibration` of another instance of the same
+            strategy (background reductions decide as the main ones), or None
+            (`collectives.choice.prepare_auto` calibrates).
     """
 
     def __init__(self, devices, group_size, options, collective_keys, config,
                  canonicalize_devices=True, *, worker_index=0, pair_group_key_base=None,
-                 engine_role="main"):
+                 engine_role="main", densify_sparse=False, calibration=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys,
                          canonicalize_devices=canonicalize_devices)
         self.config = config
@@ -97,18 +103,19 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         self._pair_group_key_base = pair_group_key_base
         self._engine_role = engine_role
         self._state = None
-        self.densify_sparse = False  # elastic: TF's collectives cannot change members
-        self._make_parts(engine_role)
+        self.densify_sparse = densify_sparse
+        self._make_parts(engine_role, calibration=calibration)
         self._native_only = (set(config.allreduce.algorithms) == {NATIVE}
                              and isinstance(config.compression, NoCompression)
                              and config.bucketing is None)
         if not self._native_only:
             self.engines.check(config.allreduce)
 
-    def _make_parts(self, engine_role, kv=None, generation=None):
+    def _make_parts(self, engine_role, kv=None, generation=None, calibration=None):
         """The parts this class delegates to, each in its own module."""
         config, group_size = self.config, self._group_size
-        self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices))
+        self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices),
+                                             calibration)
         self.wire = wire_bytes.WireBytes(self.choice, self.first_rank)
         self.buckets = gradient_buckets.GradientBuckets(config.bucketing, self.choice)
         self.engines = engines.Engines(
@@ -325,4 +332,6 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                               copy.deepcopy(self._collective_keys, memo), self.config,
                               self._canonicalize_devices, worker_index=self._worker_index,
                               pair_group_key_base=self._pair_group_key_base,
-                              engine_role=self._engine_role)
+                              engine_role=self._engine_role,
+                              densify_sparse=self.densify_sparse,
+                              calibration=self.choice.calibration)

@@ -125,13 +125,14 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._collective_key_base = KEY_BASE + KEY_SPAN * next(Strategy._key_counter)
         early.release()  # this strategy's own startup_timeout bounds the join
         with startup.join_within(startup_timeout, spec):
-            _compat.strategy_init(self, Extended(self, config, devices, resolver))
+            # Elastic always densifies: TF's collectives cannot change members.
+            _compat.strategy_init(self, Extended(
+                self, config, devices, resolver,
+                densify_sparse=config.sparse_as_dense or elastic is not None))
         extended = self.extended
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config, self.cluster = config, spec
-        # Elastic always densifies: TF's collectives cannot change members.
-        self._cross_ops.densify_sparse = config.sparse_as_dense or elastic is not None
         self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False

@@ -35,8 +35,10 @@ LATE_START = (
 class Extended(_compat.CollectiveAllReduceExtended):
     """MWMS internals with tfdist_ext cross-device ops swapped in."""
 
-    def __init__(self, container_strategy, config, devices, cluster_resolver=None):
+    def __init__(self, container_strategy, config, devices, cluster_resolver=None,
+                 densify_sparse=False):
         self.tfdist_config = config
+        self._densify_sparse = densify_sparse
         self._gradients = reductions.Reduction(reductions.GRADIENTS)
         super().__init__(container_strategy, cluster_resolver=cluster_resolver,
                          communication_options=reductions.ReductionOptions.from_options(
@@ -66,7 +68,8 @@ class Extended(_compat.CollectiveAllReduceExtended):
         self._cross_device_ops = CrossDeviceOps(
             native._devices, native._group_size, self._communication_options,  # pylint: disable=protected-access
             self._collective_keys, self.tfdist_config, worker_index=self._id_in_cluster,
-            pair_group_key_base=self._collective_key_base + KEY_SPAN // 2)
+            pair_group_key_base=self._collective_key_base + KEY_SPAN // 2,
+            densify_sparse=self._densify_sparse)
         self._background_ops = None
 
     @property
@@ -89,10 +92,10 @@ class Extended(_compat.CollectiveAllReduceExtended):
                 _compat.CollectiveKeys(group_key_start=self._collective_key_base + quarter),
                 self.tfdist_config, worker_index=self._id_in_cluster,
                 pair_group_key_base=self._collective_key_base + KEY_SPAN // 2 + quarter,
-                engine_role="background")
-            # "auto" decides from the model here: timing on the background thread
-            # would run beside the main thread's steps.
-            self._background_ops.choice.calibration = main.choice.calibration
+                engine_role="background",
+                # "auto" decides from the main ops' calibration: timing on the
+                # background thread would run beside the main thread's steps.
+                calibration=main.choice.calibration)
         return self._background_ops
 
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):

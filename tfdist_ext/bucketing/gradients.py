@@ -106,8 +106,8 @@ class GradientBuckets:
 
     Attributes:
         backward_times: Profiled backward time of each gradient, backward
-            order (set by `tfdist_ext.keras.backward_profile.BackwardProfile`), or None.
-        plan_override: Buckets chosen by tuning (`MGWFBP.tune`), or None.
+            order (`use_backward_times`), or None.
+        plan_override: Buckets chosen by tuning (`MGWFBP.tune`; `use_plan`), or None.
         plan_inputs: (sizes, alpha, beta) of the last plan.
         bucket_plan: The buckets of the last traced gradient reduction
             ("bytes", "gradients", "algorithm" each).
@@ -120,6 +120,16 @@ class GradientBuckets:
         self.plan_override = None
         self.plan_inputs = None
         self.bucket_plan = ()
+
+    def use_backward_times(self, times: Sequence[float]) -> None:
+        """Plans with `times` (seconds per gradient, backward order) from now on:
+        `tfdist_ext.keras.backward_profile.BackwardProfile` measured them."""
+        self.backward_times = tuple(times)
+
+    def use_plan(self, plan) -> None:
+        """Uses `plan` (buckets of gradient indices, backward order) for the next
+        traces instead of planning; None plans again. Retrace to apply."""
+        self.plan_override = plan
 
     def needs_backward_profile(self) -> bool:
         """Whether the planner wants per-gradient backward times nobody has supplied."""

@@ -81,19 +81,21 @@ class AlgorithmChoice:
         allreduce: The strategy's `collectives.AllReduce` option.
         group_size: Replicas in sync across all workers.
         replicas_per_worker: Local replicas of each worker.
+        calibration: The `auto.Calibration` to decide with, when another
+            choice of this strategy has it already (its background reductions).
 
     Attributes:
         calibration: The `auto.Calibration` "auto" and the bucketing planners
-            decide with; set by `prepare_auto` (None until then).
+            decide with; set by `prepare_auto` unless given (None until then).
         refiner: The `refine.Refiner` "auto" times close candidates with
             (None without "auto" or with one replica).
     """
 
-    def __init__(self, allreduce, group_size: int, replicas_per_worker: int):
+    def __init__(self, allreduce, group_size: int, replicas_per_worker: int, calibration=None):
         self.allreduce = allreduce
         self.group_size = group_size
         self.replicas_per_worker = replicas_per_worker
-        self.calibration = None
+        self.calibration = calibration
         self.refiner = None
         self._rank_hosts = None
 

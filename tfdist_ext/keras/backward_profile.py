@@ -67,7 +67,7 @@ class BackwardProfile(keras.callbacks.Callback):
         state = self.strategy.state
         ready = state.ready_sum.numpy() / max(1, int(state.ready_count.numpy()))
         times = self._chief(backward_times(ready[::-1]))
-        self.cross_ops.buckets.backward_times = tuple(times)
+        self.cross_ops.buckets.use_backward_times(times)
         log.info("tfdist_ext: profiled backward times (ms, backward order): %s",
                  ", ".join(f"{t * 1e3:.2f}" for t in times))
         if not self.planner.tune or self.cross_ops.buckets.plan_inputs is None:
@@ -95,7 +95,7 @@ class BackwardProfile(keras.callbacks.Callback):
 
     def _start_trial(self):
         self.durations = []
-        self.cross_ops.buckets.plan_override = self.candidates[len(self.medians)][1]
+        self.cross_ops.buckets.use_plan(self.candidates[len(self.medians)][1])
         self.model.make_train_function(force=True)
 
     def _next_trial(self):
@@ -114,7 +114,7 @@ class BackwardProfile(keras.callbacks.Callback):
         self._finish(self.candidates[best][1])
 
     def _finish(self, plan):
-        self.cross_ops.buckets.plan_override = plan
+        self.cross_ops.buckets.use_plan(plan)
         self.model.make_train_function(force=True)
         self.phase = "done"
 
