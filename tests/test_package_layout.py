@@ -256,6 +256,21 @@ def test_nothing_outside_the_cross_device_ops_writes_into_them_or_their_parts():
     assert writes == []
 
 
+def test_keras_fit_reaches_elastic_steps_only_through_elastic_fit():
+    """Issue 53, the Keras side of the elastic seam: `fit_hooks` calls one
+    `keras.elastic_fit.ElasticFit` at four points, and no other module imports
+    `keras.elastic_steps` (fit_hooks did, with 22 mentions of elastic training)."""
+    importers = set()
+    for path in sorted((ROOT / "tfdist_ext").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (
+                    node.module == "tfdist_ext.keras.elastic_steps" or (
+                        node.module == "tfdist_ext.keras"
+                        and any(a.name == "elastic_steps" for a in node.names))):
+                importers.add(path.relative_to(ROOT / "tfdist_ext").as_posix())
+    assert importers == {"keras/elastic_fit.py"}
+
+
 def test_the_launcher_does_not_import_tensorflow_or_keras():
     code = ("import sys, tfdist_ext.launch.cli, tfdist_ext.launch.launcher; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")

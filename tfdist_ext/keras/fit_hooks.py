@@ -36,9 +36,9 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import frontends, zero
-from tfdist_ext.keras import (callback_state, data_order, elastic_steps, local_input,
-                              moved_momentum, patch_check, preemption, saving, stop_training,
-                              uneven, worker_callbacks, xla)
+from tfdist_ext.keras import (data_order, elastic_fit, local_input, moved_momentum,
+                              patch_check, preemption, saving, stop_training, uneven,
+                              worker_callbacks, xla)
 
 log = logging.getLogger("tfdist_ext")
 
@@ -49,11 +49,6 @@ def runner_of(strategy):
     """The sync-policy runner of `strategy` (None for other strategies and "sync")."""
     ours = frontends.our_strategy(strategy)
     return None if ours is None else ours.sync_runner
-
-
-def _elastic_of(strategy):
-    ours = frontends.our_strategy(strategy)
-    return None if ours is None else ours.elastic
 
 
 def wrap_update_step(original):
@@ -94,8 +89,9 @@ def wrap_make_train_function(original):
         _build_with_step(self, strategy, "train_step", step, lambda: original(self, force=force))
         if runner is not None and runner.worker_local_logs:
             self.train_function = _worker_local(self.train_function, strategy)
-        if _elastic_of(strategy) is not None:
-            self.train_function = elastic_steps.wrap(self.train_function, self, strategy)
+        elastic = elastic_fit.of(strategy)
+        if elastic is not None:
+            self.train_function = elastic.wrap(self.train_function, self, "train")
         return self.train_function
 
     return make_train_function
@@ -113,8 +109,9 @@ def wrap_make_test_function(original):
                 if uneven.applies(strategy) else self.test_step)
         _build_with_step(self, strategy, "test_step", step,
                          lambda: original(self, force=force))
-        if _elastic_of(strategy) is not None:
-            self.test_function = elastic_steps.wrap(self.test_function, self, strategy, "test")
+        elastic = elastic_fit.of(strategy)
+        if elastic is not None:
+            self.test_function = elastic.wrap(self.test_function, self, "test")
         return self.test_function
 
     return make_test_function
@@ -164,10 +161,9 @@ def wrap_fit(original):
         patch_check.require_for(self, strategy)
         extra = strategy.fit_callbacks()
         args = list(args)
-        elastic = strategy.elastic
+        elastic = elastic_fit.of(strategy)
         if elastic is not None:
-            extra = extra + [elastic_steps.Position(elastic)]
-            elastic_steps.forget(self)
+            extra = extra + elastic.fit_callbacks(self)
         _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
@@ -190,11 +186,8 @@ def wrap_fit(original):
                     args[5] = list(args[5] or []) + stop
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
-            if elastic is not None and elastic.joining:
-                _join(self, strategy, args, kwargs)
             if elastic is not None:
-                elastic_steps.track_callbacks(
-                    self, args[5] if len(args) > 5 else kwargs.get("callbacks"))
+                _begin_elastic_fit(elastic, self, args, kwargs)
             try:
                 with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
@@ -208,31 +201,21 @@ def wrap_fit(original):
     return fit
 
 
-def _join(model, strategy, args, kwargs):
-    """A replacement worker joins the running job: in the last callback's
-    `on_train_begin` (`elastic_steps.Join`), or before its fit starts when the
-    callbacks are a `CallbackList` (then fit begins at the members' epoch, and the
-    callbacks' own `on_train_begin` resets the counters `callback_state` set)."""
-    callbacks = args[5] if len(args) > 5 else kwargs.get("callbacks")
-    if not isinstance(callbacks, keras.callbacks.CallbackList):
-        joining = list(callbacks or []) + [elastic_steps.Join(strategy.elastic)]
-        if len(args) > 5:
-            args[5] = joining
-        else:
-            kwargs["callbacks"] = joining
-        return
-    admission = elastic_steps.join(model, strategy.elastic)
-    elastic_steps.track_callbacks(model, callbacks)
-    elastic_steps.take_callback_state(model, strategy.elastic, admission)
-    if callback_state.counters(callbacks.callbacks):
-        log.warning("tfdist_ext: fit's callbacks are a CallbackList: this replacement joined "
-                    "before Keras' set-up, and their on_train_begin starts EarlyStopping, "
-                    "ReduceLROnPlateau and ModelCheckpoint afresh; pass a list to continue "
-                    "the members' counts.")
-    if len(args) > 11:
-        args[11] = admission["epoch"]
+def _begin_elastic_fit(elastic, model, args, kwargs):
+    """`ElasticFit.begin_fit` with fit's callbacks and initial epoch, wherever passed."""
+    positional = len(args) > 5  # x, y, batch_size, epochs, verbose, callbacks, ...
+    callbacks, epoch = elastic.begin_fit(
+        model, args[5] if positional else kwargs.get("callbacks"))
+    if positional:
+        args[5] = callbacks
     else:
-        kwargs["initial_epoch"] = admission["epoch"]
+        kwargs["callbacks"] = callbacks
+    if epoch is None:
+        return
+    if len(args) > 11:
+        args[11] = epoch
+    else:
+        kwargs["initial_epoch"] = epoch
 
 
 def _check_data_order(strategy, args, kwargs):
@@ -257,11 +240,10 @@ def wrap_inference(original):
         if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
-        # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`:
-        # the functions kept within that fit stay.
-        if (strategy.elastic is not None
-                and not kwargs.get("_use_cached_eval_dataset")):
-            elastic_steps.forget(self)
+        elastic = elastic_fit.of(strategy)
+        if elastic is not None:
+            # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`.
+            elastic.begin_inference(self, within_fit=bool(kwargs.get("_use_cached_eval_dataset")))
         args = list(args)
         _replace_argument(args, kwargs, 0, "x",
                           lambda data: local_input.common_length(data, strategy))
