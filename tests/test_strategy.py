@@ -1,5 +1,6 @@
 """tfdist_ext.Strategy with logical-CPU replicas in this process."""
 
+import copy
 import json
 import re
 
@@ -94,6 +95,20 @@ def test_reduce_accepts_nests_and_per_replica_scalars():
     assert float(nest[0]) == 1.0 and nest[1].numpy().tolist() == [2.0, 2.0, 2.0]
     assert float(strategy.reduce("MEAN", per_replica[0], axis=0)) == 0.5
     assert float(strategy.reduce("MEAN", per_replica[1], axis=0)) == 1.0
+
+
+def test_a_deep_copy_keeps_the_choice_and_the_sparse_setting():
+    # TF deep-copies a strategy's extended (with its cross-device ops) for tf.function
+    # and Keras; the copy must reduce as the original does, "auto" included.
+    strategy = tfdist_ext.Strategy(allreduce="auto", num_replicas=2, sparse_as_dense=True)
+    copied = copy.deepcopy(strategy)
+    ops = copied.extended._cross_device_ops
+    assert ops is not strategy.extended._cross_device_ops
+    assert ops.densify_sparse
+    values = copied.experimental_distribute_values_from_function(
+        lambda ctx: tf.fill([1000], float(ctx.replica_id_in_sync_group + 1)))
+    np.testing.assert_array_equal(copied.reduce("SUM", values, axis=None).numpy(),
+                                  np.full(1000, 3.0, np.float32))
 
 
 def _listed(names):
