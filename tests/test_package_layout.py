@@ -271,6 +271,28 @@ def test_keras_fit_reaches_elastic_steps_only_through_elastic_fit():
     assert importers == {"keras/elastic_fit.py"}
 
 
+def test_the_strategy_and_keras_reach_elastic_training_only_through_the_seam():
+    """Issue 53, the strategy side of the elastic seam: `Strategy.membership`
+    (`elastic.seam`, fixed or elastic) is what the strategy and Keras call; only
+    `elastic/` and Keras' elastic `fit` (elastic_fit, elastic_steps) read a
+    strategy's `elastic` (its `Recovery`) or import `elastic.recovery`. Before:
+    strategy.py, strategy_extended.py and four Keras modules read `elastic`."""
+    readers = set()
+    for path in sorted((ROOT / "tfdist_ext").rglob("*.py")):
+        name = path.relative_to(ROOT / "tfdist_ext").as_posix()
+        if name.startswith(("elastic/", "launch/")):  # launch/: the CLI's --elastic
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            reads = isinstance(node, ast.Attribute) and node.attr == "elastic"
+            imports = isinstance(node, ast.ImportFrom) and (
+                node.module == "tfdist_ext.elastic.recovery" or (
+                    node.module == "tfdist_ext.elastic"
+                    and any(a.name == "recovery" for a in node.names)))
+            if reads or imports:
+                readers.add(name)
+    assert readers == {"keras/elastic_fit.py", "keras/elastic_steps.py"}
+
+
 def test_the_launcher_does_not_import_tensorflow_or_keras():
     code = ("import sys, tfdist_ext.launch.cli, tfdist_ext.launch.launcher; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")

@@ -48,8 +48,8 @@ def test_the_front_end_tells_our_strategy_from_tfs():
     multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
     for other in (mirrored, multi_worker, tf.distribute.get_strategy(), None, object()):
         assert frontends.our_strategy(other) is None
-    assert (tfdist_ext.Strategy.sync_runner, tfdist_ext.Strategy.elastic,
-            tfdist_ext.Strategy.allreduce_decisions) == (None, None, ())
+    assert (tfdist_ext.Strategy.sync_runner, tfdist_ext.Strategy.allreduce_decisions) == (None, ())
+    assert not tfdist_ext.Strategy.membership.changes
 
 
 def test_fit_matches_mirrored_strategy_on_the_same_devices():

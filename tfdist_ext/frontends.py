@@ -13,7 +13,7 @@ time it is needed, so `import tfdist_ext` and the launcher do not import TensorF
 A front end is any object (a module will do) with the functions of `FrontEnd`.
 The front end, and the layers below the strategy, tell a `tfdist_ext.Strategy` from
 TF's own strategies with `our_strategy`, then read its public attributes (`config`,
-`sync_runner`, `elastic`, `allreduce_decisions`).
+`sync_runner`, `membership`, `allreduce_decisions`).
 """
 
 import importlib

@@ -24,11 +24,11 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext import (_compat, cluster, compression, coordination, early, frontends, liveness,
+from tfdist_ext import (_compat, cluster, compression, coordination, early, frontends,
                         reductions, startup)
 from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.elastic import options as elastic_options
-from tfdist_ext.elastic import recovery
+from tfdist_ext.elastic import seam
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
@@ -93,7 +93,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     # What the front end reads (`frontends.our_strategy`), until __init__ sets them;
     # `config` is set right after TF's constructor.
     sync_runner = None
-    elastic = None
+    membership = seam.Fixed(0, 1)
     allreduce_decisions = ()
 
     def __init__(self, allreduce=None, compression=None, sync=None, bucketing=None,
@@ -102,18 +102,8 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                  elastic=None, sparse_as_dense: bool = False, zero_stage: int = 0):
         config = StrategyConfig.from_args(allreduce, compression, sync, bucketing, engine,
                                           sparse_as_dense, zero_stage)
-        from_environment = elastic is None
-        elastic = elastic_options.get(elastic)
-        if elastic is not None:
-            try:
-                elastic.check(config, cluster.cluster_from_env() if cluster_resolver is None
-                              else None)
-            except ValueError as err:
-                if not from_environment:
-                    raise
-                raise ValueError(f"{err} (elastic training is on because the environment has "
-                                 f"{elastic_options.VARIABLE}=1, e.g. from `tfdist-run "
-                                 "--elastic`.)") from None
+        elastic = elastic_options.for_strategy(
+            elastic, config, cluster.cluster_from_env() if cluster_resolver is None else None)
         startup_timeout = seconds("startup_timeout", startup_timeout, startup.ADVICE)
         if cluster_resolver is not None:
             os.environ[cluster.TF_CONFIG] = cluster.tf_config_from_resolver(cluster_resolver)
@@ -133,6 +123,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         _compat.record_strategy_gauges(extended._num_workers,  # pylint: disable=protected-access
                                        extended._num_devices_per_worker)  # pylint: disable=protected-access
         self.config, self.cluster = config, spec
+        self.membership = seam.Fixed(self.worker_index, self.num_workers)
         self._barriers = itertools.count()
         self._worker_local = False
         self._local_logs = False
@@ -149,25 +140,16 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
                 self.allreduce_decisions = decisions
         self.sync_runner = config.sync.runner(self)
         self.preemption = frontends.get().attach(self)
-        if elastic is not None and spec is not None and spec.num_workers > 1:
-            if len(self.extended.worker_devices) != 1:
-                raise ValueError(f"Argument `elastic` needs one replica per worker; this "
-                                 f"worker has {len(self.extended.worker_devices)}. Run one "
-                                 "worker process per device.")
-            self.elastic = recovery.Recovery(self, elastic,
-                                             f"tfdist/{self._collective_key_base}")
-            if self.elastic.replacement:
-                self.extended.step_down()
-            if not _compat.elastic_context():
-                log.warning("tfdist_ext: elastic training without %s=1 in the environment at "
-                            "import: the survivors of a death go on, but a worker started "
-                            "again cannot rejoin. Set it for every worker, as `tfdist-run "
-                            "--elastic` does.", elastic_options.VARIABLE)
+        self.membership = seam.for_strategy(self, elastic,
+                                            f"tfdist/{self._collective_key_base}", spec)
         if spec is not None:
-            if self.elastic is not None:
-                liveness.watch(spec, self.elastic.abort_communicators, keep_watching=True)
-            else:
-                liveness.watch(spec, self._abort_collectives)
+            self.membership.watch(spec, self._abort_collectives)
+
+    @property
+    def elastic(self):
+        """The job's `tfdist_ext.elastic.recovery.Recovery` under elastic training (its
+        `members`, `failures`, `joins`, `leaves`), else None."""
+        return self.membership.recovery
 
     def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int,
                             kv=None):
@@ -314,9 +296,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
             # A replacement's meetings at the start of its fit: the members held
             # theirs long ago, with the same values (the same script).
             return [str(value)] * self.num_workers
-        kv = self.elastic.kv() if self.elastic is not None else None
         return coordination.exchange(f"tfdist/{self._collective_key_base}/{name}", value,
-                                     self.num_workers, self.worker_index, kv)
+                                     self.num_workers, self.worker_index,
+                                     self.membership.kv())
 
     def barrier(self, timeout: float = 600.0):
         """Returns when every worker has called `barrier` as often (eager).
@@ -342,7 +324,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
     def _catching_up(self) -> bool:
         """A replacement worker between its start and its first training step: the
         members' meetings of that stretch are long past (`tfdist_ext.elastic`)."""
-        return self.elastic is not None and (self.elastic.joining or self.elastic.catching_up)
+        return self.membership.behind
 
     @property
     def collective_key_range(self):
@@ -367,9 +349,9 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         if (self._worker_local and tf.inside_function()) or self._local_logs or \
                 self._catching_up():  # Keras' reduce of a first batch (symbolic build)
             return on_worker()
-        if self.elastic is not None and not tf.inside_function():
+        if not tf.inside_function():
             # Keras reads its metrics (an all-reduce) between steps: a death survived.
-            return self.elastic.between_steps(
+            return self.membership.between_steps(
                 lambda: _compat.nest.map_structure(reduce_one, value), on_worker)
         return _compat.nest.map_structure(reduce_one, value)
 

@@ -100,10 +100,9 @@ class Extended(_compat.CollectiveAllReduceExtended):
 
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
         # MWMS broadcasts initial values from the chief with TF's collectives, which
-        # cannot change members: a worker joining an elastic job, and everyone after a
-        # membership change, takes its own (elastic state comes from rank 0 later).
-        elastic = self._container_strategy().elastic
-        if replica_id != 0 or elastic is None or not (elastic.joining or elastic.generation):
+        # cannot change members: a worker joining a running job, and everyone after a
+        # membership change, takes its own (the state comes from rank 0 later).
+        if replica_id != 0 or not self._container_strategy().membership.changed:
             return super()._get_variable_creator_initial_value(
                 replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
 

@@ -136,3 +136,29 @@ def get(value, environ=os.environ):
                      f"({', '.join(f.name for f in dataclasses.fields(Elastic))}) or "
                      f"tfdist_ext.elastic.Elastic; "
                      f"received {value!r}.")
+
+
+def for_strategy(value, config, spec=None, environ=os.environ):
+    """`get(value)` checked against the strategy's other choices (`Elastic.check`).
+
+    Args:
+        value: `Strategy(elastic=...)`.
+        config: The strategy's `StrategyConfig`.
+        spec: The job's `cluster.ClusterSpec` from TF_CONFIG, if any.
+        environ: Where TFDIST_ELASTIC is read.
+
+    Raises:
+        ValueError: As `get` and `Elastic.check`; when elastic training came from the
+            environment, the message says so.
+    """
+    options = get(value, environ)
+    if options is None:
+        return None
+    try:
+        options.check(config, spec)
+    except ValueError as err:
+        if value is not None:
+            raise
+        raise ValueError(f"{err} (elastic training is on because the environment has "
+                         f"{VARIABLE}=1, e.g. from `tfdist-run --elastic`.)") from None
+    return options

@@ -96,10 +96,7 @@ def _local_dataset(distributed, strategy, user_made):
         return _whole(dataset, strategy)
     if not (_splittable(dataset) and _same_length(dataset, strategy)):
         return distributed
-    elastic = strategy.elastic
-    if elastic is not None:  # the parts follow the membership (`tfdist_ext.elastic`)
-        return with_promised_length(split_batches(dataset, *elastic.data_split()))
-    return with_promised_length(split_batches(dataset, strategy.worker_index, workers))
+    return with_promised_length(split_batches(dataset, *strategy.membership.data_split()))
 
 
 def per_worker_input() -> bool:
@@ -209,7 +206,7 @@ def _same_length(dataset, strategy):
     Elastic training assumes it without asking (a replacement could not meet
     the members, which met long before)."""
     count = int(dataset.cardinality())
-    if strategy.elastic is not None:
+    if strategy.membership.changes:
         return count >= 0 or count == tf.data.INFINITE_CARDINALITY
     counts = {int(c) for c in strategy.exchange(f"local-input/{next(_agreements)}",
                                                 str(count))}

@@ -28,8 +28,6 @@ import threading
 
 import tensorflow as tf
 
-from tfdist_ext import coordination
-
 log = logging.getLogger("tfdist_ext")
 WAIT_SECONDS = 300.0
 _lock = threading.Lock()
@@ -82,8 +80,7 @@ def after_save(kind: str) -> None:
         _cluster["counts"][kind] += 1
         count = _cluster["counts"][kind]
     key = f"tfdist/saved/{kind}/{count}"
-    # Elastic training meets in the members' store (worker 0 may have died).
-    kv = strategy.elastic.kv() if strategy.elastic is not None else coordination.KeyValue()
+    kv = strategy.membership.kv()  # worker 0 may have died since the start
     if strategy.worker_index == 0:
         kv.set(key, "1")
         return

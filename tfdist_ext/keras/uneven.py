@@ -141,10 +141,10 @@ def _agree(data, strategy, eager=False):
     first = _first_input(data)
     static = _static_batch(first, eager)
     preemption = strategy.preemption if strategy.num_workers > 1 else None
-    # Elastic training (`tfdist_ext.elastic`): after a worker died, Keras' 1 / R
-    # no longer matches the replicas left, so the share is always computed.
-    elastic = strategy.elastic
-    static = static and elastic is None
+    # When the members can change, Keras' 1 / R need not match the replicas left
+    # (a worker died): the share is always computed.
+    members = strategy.membership
+    static = static and not members.changes
     if static and preemption is None:
         return None  # a static batch dimension: the same on every replica
     samples = _samples(first)
@@ -152,10 +152,10 @@ def _agree(data, strategy, eager=False):
     if preemption is not None:  # SIGTERM, and `stop_training` set on some workers only
         values.append(preemption.requested.read_value()[None])
         values.append(preemption.stop_requested.read_value()[None])
-    if elastic is not None:  # a replacement asks to join (`tfdist_ext.elastic`)
-        join_at = len(values)
-        values.append(elastic.join_flag.read_value()[None])
-    monitor = elastic.stragglers if elastic is not None else None
+    flags_at = len(values)
+    flags = members.step_flags()  # e.g. a replacement asking to join
+    values.extend(flags)
+    monitor = members.stragglers
     if monitor is not None:  # every worker's busy seconds of the last step
         with tf.control_dependencies([] if first is None else [first]):
             arrival = monitor.arrived()
@@ -164,8 +164,8 @@ def _agree(data, strategy, eager=False):
     if preemption is not None:
         preemption.agreed.assign(totals[1])
         preemption.stop_agreed.assign(totals[2])
-    if elastic is not None:
-        elastic.join_agreed.assign(totals[join_at])
+    if flags:
+        members.agree_flags(totals[flags_at:flags_at + len(flags)])
     if monitor is not None:
         monitor.table.assign(totals[-monitor.workers:])
         with tf.control_dependencies([totals]):

@@ -55,18 +55,17 @@ def for_this_worker(callbacks, strategy):
         return
     private = None if chief else tempfile.mkdtemp(prefix="tfdist-worker-")
     restore = []
-    elastic = strategy.elastic
     try:
         for callback in callbacks:
             if not chief:
                 _redirect(callback, private, restore)
         for callback in backups:
             _back_up_state(callback, strategy, private, restore)
-        if elastic is None or chief:
+        if chief:
             yield
         else:
             redirected = list(restore)
-            with elastic.on_promotion(lambda: _write_where_asked(redirected)):
+            with strategy.membership.on_promotion(lambda: _write_where_asked(redirected)):
                 yield
     finally:
         for obj, name, value, existed in reversed(restore):
