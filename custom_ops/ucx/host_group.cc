@@ -147,10 +147,10 @@ HostGroup::~HostGroup() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::string HostGroup::Join(const std::vector<std::string>& identities) {
+Status HostGroup::Join(const std::vector<std::string>& identities) {
   if (static_cast<int>(identities.size()) != world_size_)
-    return "expected " + std::to_string(world_size_) + " identities, got " +
-           std::to_string(identities.size());
+    return Status::Error("expected " + std::to_string(world_size_) + " identities, got " +
+                         std::to_string(identities.size()));
   const std::string machine = MachineIdentity();
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
@@ -158,28 +158,29 @@ std::string HostGroup::Join(const std::vector<std::string>& identities) {
     std::string peer_machine;
     long pid = 0, fd = -1;
     size_t bytes = 0;
-    if (!(in >> peer_machine >> pid >> fd >> bytes)) return "rank " + std::to_string(peer) +
-                                                            " sent no shared-memory identity";
+    if (!(in >> peer_machine >> pid >> fd >> bytes))
+      return Status::Error("rank " + std::to_string(peer) + " sent no shared-memory identity");
     if (peer_machine != machine)
-      return "rank " + std::to_string(peer) + " is on another machine or network namespace";
+      return Status::Error("rank " + std::to_string(peer) +
+                           " is on another machine or network namespace");
     if (bytes != area_bytes_)
-      return "rank " + std::to_string(peer) + " has a " + std::to_string(bytes) +
-             "-byte shared area, this rank " + std::to_string(area_bytes_) +
-             " (the ranks disagree on segment_bytes or shared_output_bytes)";
+      return Status::Error("rank " + std::to_string(peer) + " has a " + std::to_string(bytes) +
+                           "-byte shared area, this rank " + std::to_string(area_bytes_) +
+                           " (the ranks disagree on segment_bytes or shared_output_bytes)");
     const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
     int peer_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (peer_fd < 0)
-      return "opening rank " + std::to_string(peer) + "'s shared memory (" + path +
-             "): " + std::strerror(errno);
+      return Status::Error("opening rank " + std::to_string(peer) + "'s shared memory (" +
+                           path + "): " + std::strerror(errno));
     void* area = mmap(nullptr, area_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, peer_fd, 0);
     close(peer_fd);
     if (area == MAP_FAILED)
-      return "mapping rank " + std::to_string(peer) + "'s shared memory: " +
-             std::strerror(errno);
+      return Status::Error("mapping rank " + std::to_string(peer) + "'s shared memory: " +
+                           std::strerror(errno));
     areas_[peer] = Mapped(area, area_bytes_);
     pids_[peer] = static_cast<pid_t>(pid);
   }
-  return "";
+  return Status::Ok();
 }
 
 HostGroup::Control* HostGroup::control(int rank) const {
@@ -223,7 +224,7 @@ void HostGroup::Publish(int counter, uint32_t value) {
             nullptr, 0);
 }
 
-std::string HostGroup::WaitForPeers(int counter, uint32_t value, const char* step) {
+Status HostGroup::WaitForPeers(int counter, uint32_t value, const char* step) {
   const auto timeout = std::chrono::duration<double>(timeout_seconds_);
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
@@ -248,18 +249,18 @@ std::string HostGroup::WaitForPeers(int counter, uint32_t value, const char* ste
         word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
         now = Clock::now();
         std::string reason;
-        if (Aborted(born_, &reason)) return reason;
+        if (Aborted(born_, &reason)) return Status::Error(reason);
         if (Exited(pids_[peer])) {
           std::ostringstream out;
           out << "in a shared-memory all-reduce (" << step << "), waiting for rank(s) " << peer
               << ": its process (pid " << pids_[peer] << ") exited";
-          return out.str();
+          return Status::Error(out.str());
         }
         if (timeout_seconds_ > 0 && now - last_change > timeout) {
           std::ostringstream out;
           out << "no progress for " << timeout_seconds_ << " s in a shared-memory all-reduce ("
               << step << "), waiting for rank(s) " << peer << " (stopped, crashed or stuck)";
-          return out.str();
+          return Status::Error(out.str());
         }
       }
       uint32_t current = word.value.load(std::memory_order_acquire);
@@ -269,10 +270,10 @@ std::string HostGroup::WaitForPeers(int counter, uint32_t value, const char* ste
       }
     }
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string HostGroup::CheckJob(uint32_t chunk, const Job& job) {
+Status HostGroup::CheckJob(uint32_t chunk, const Job& job) {
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     const Control::Meta& meta = control(peer)->slots[chunk & 1];
@@ -283,20 +284,20 @@ std::string HostGroup::CheckJob(uint32_t chunk, const Job& job) {
           << meta.elements << " " << DTypeName(meta.dtype) << " elements, this rank "
           << job.num_elements << " " << DTypeName(static_cast<int32_t>(job.dtype))
           << ": a different tensor, or collectives in a different order";
-      return out.str();
+      return Status::Error(out.str());
     }
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) {
-  if (!broken_.empty()) return broken_;
+Status HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) {
+  if (!broken_.ok()) return broken_;
   const int64_t size = static_cast<int64_t>(job.itemsize);
   const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / size);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / size);
   const char* input = job.input != nullptr ? job.input : job.data;
   char* output = job.data;  // or, once rank 0 has placed one, the shared block
-  auto fail = [&](std::string error) {
+  auto fail = [&](Status error) {
     broken_ = std::move(error);
     if (output_bytes_ > 0 && areas_[0] != nullptr)
       OutputArena::Retire(counts(), outputs(), output_bytes_);
@@ -312,8 +313,8 @@ std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) 
     const uint32_t chunk = next_chunk_;
     const int index = chunk & 1;
     const int64_t lo = part(rank_), hi = part(rank_ + 1);
-    std::string error;
-    if (chunk >= 2 && !(error = WaitForPeers(kDone, chunk - 1, kStepNames[kDone])).empty())
+    Status error;
+    if (chunk >= 2 && !(error = WaitForPeers(kDone, chunk - 1, kStepNames[kDone])).ok())
       return fail(error);
 
     Control::Meta& meta = control(rank_)->slots[index];
@@ -326,11 +327,12 @@ std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) 
     std::memcpy(staging, input + first * size, (lo - first) * size);
     std::memcpy(staging + (hi - first) * size, input + hi * size, (first + count - hi) * size);
     Publish(kStaged, chunk + 1);
-    if (!(error = WaitForPeers(kStaged, chunk + 1, kStepNames[kStaged])).empty() ||
-        !(error = CheckJob(chunk, job)).empty())
+    if (!(error = WaitForPeers(kStaged, chunk + 1, kStepNames[kStaged])).ok() ||
+        !(error = CheckJob(chunk, job)).ok())
       return fail(error);
     if (first == 0 && rank_ != 0 && control(0)->slots[index].output >= 0) {
-      if (!job.alias) return fail("a shared-memory all-reduce without a shared result");
+      if (!job.alias)
+        return fail(Status::Error("a shared-memory all-reduce without a shared result"));
       shared = control(0)->slots[index].block;
       offset = control(0)->slots[index].output;
     }
@@ -350,7 +352,7 @@ std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) 
     }
     Publish(kSummed, chunk + 1);
     if (shared < 0) {
-      if (!(error = WaitForPeers(kSummed, chunk + 1, kStepNames[kSummed])).empty())
+      if (!(error = WaitForPeers(kSummed, chunk + 1, kStepNames[kSummed])).ok())
         return fail(error);
       for (int peer = 0; peer < world_size_; ++peer) {
         if (peer == rank_) continue;
@@ -364,11 +366,11 @@ std::string HostGroup::AllReduce(const Job& job, std::shared_ptr<void>* result) 
     next_chunk_ = chunk + 1;
   }
   if (shared >= 0) {  // every part is in the block once every rank has summed its own
-    std::string error = WaitForPeers(kSummed, next_chunk_, kStepNames[kSummed]);
-    if (!error.empty()) return fail(error);
+    Status error = WaitForPeers(kSummed, next_chunk_, kStepNames[kSummed]);
+    if (!error.ok()) return fail(error);
     *result = job.alias(output, Hold(shared, output, job.num_elements * size));
   }
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace tfdist_ucx

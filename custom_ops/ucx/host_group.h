@@ -1,9 +1,10 @@
-// The ranks of one machine, for all-reduces through shared memory.
+// The shared-memory transport: the ranks of one machine, for all-reduces
+// through shared memory (see transport.h).
 //
 // When every rank of the world is a process of this machine (same boot, PID
 // and network namespace), each communicator owns a shared-memory area (a
-// memfd) that every peer maps through /proc/<pid>/fd, and an all-reduce job
-// marked `host_sum` skips UCX. The buffer is cut into chunks of `chunk_bytes`,
+// memfd) that every peer maps through /proc/<pid>/fd, and a kHost all-reduce
+// job skips UCX. The buffer is cut into chunks of `chunk_bytes`,
 // each chunk into one part per rank (sizes within one element), and for each
 // chunk:
 //   1. every rank copies the parts it does not own into its staging slot;
@@ -35,33 +36,35 @@
 #include <string>
 #include <vector>
 
-#include "ucx/comm.h"
+#include "ucx/abort.h"
 #include "ucx/output_arena.h"
+#include "ucx/status.h"
+#include "ucx/transport.h"
 
 namespace tfdist_ucx {
 
-class HostGroup {
+class HostGroup : public Transport {
  public:
   // Creates this rank's shared area; `error` says why when it returns null.
   static std::unique_ptr<HostGroup> Create(int rank, int world_size, int64_t chunk_bytes,
                                            int64_t output_bytes, int spin_us,
                                            double timeout_seconds, std::string* error);
-  ~HostGroup();
+  ~HostGroup() override;
   HostGroup(const HostGroup&) = delete;
   HostGroup& operator=(const HostGroup&) = delete;
 
   // What a peer needs to map this rank's area: "<machine> <pid> <fd>".
   const std::string& identity() const { return identity_; }
 
-  // Maps every peer's area from the identities (index = rank). Returns "" or
-  // why this rank cannot join (another machine, namespace or a refused open).
-  std::string Join(const std::vector<std::string>& identities);
+  // Maps every peer's area from the identities (index = rank), or says why
+  // this rank cannot join (another machine, namespace or a refused open).
+  Status Join(const std::vector<std::string>& identities);
 
-  // This rank's part of the next `host_sum` all-reduce: sums `job`'s input
+  // This rank's part of the next kHost all-reduce: sums `job`'s input
   // over all ranks into `job.data`, or into a shared block that `*result`
   // then holds (`job.alias`'s). Every rank calls it for the same jobs in the
-  // same order. Returns "" or the error.
-  std::string AllReduce(const Job& job, std::shared_ptr<void>* result);
+  // same order.
+  Status AllReduce(const Job& job, std::shared_ptr<void>* result) override;
 
   // Bytes of shared results that some rank holds (0 without an arena).
   int64_t SharedResultBytes() const;
@@ -77,15 +80,16 @@ class HostGroup {
   // Releases `block` (at `data`, `bytes` long) when destroyed.
   std::shared_ptr<void> Hold(int block, char* data, int64_t bytes) const;
   void Publish(int counter, uint32_t value);
-  std::string WaitForPeers(int counter, uint32_t value, const char* step);
-  std::string CheckJob(uint32_t chunk, const Job& job);
+  Status WaitForPeers(int counter, uint32_t value, const char* step);
+  Status CheckJob(uint32_t chunk, const Job& job);
 
   const int rank_, world_size_;
   const int64_t chunk_bytes_, output_bytes_;
   const int spin_us_;
   const double timeout_seconds_;
   const uint64_t born_ = AbortCount();  // aborts made later fail this group
-  std::string identity_, broken_;
+  std::string identity_;
+  Status broken_;
   int fd_ = -1;
   size_t area_bytes_ = 0;
   // Index = rank, this rank's own area too; unmapped when nothing holds them

@@ -13,26 +13,26 @@ namespace tfdist_ucx {
 LocalGroup::LocalGroup(int size, double timeout_seconds)
     : size_(size), timeout_seconds_(timeout_seconds), jobs_(size, nullptr) {}
 
-std::string LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<void>* result) {
+Status LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<void>* result) {
   const auto timeout = timeout_seconds_ > 0
                            ? std::chrono::duration<double>(timeout_seconds_)
                            : std::chrono::duration<double>(365.0 * 86400);
   std::unique_lock<std::mutex> lock(mu_);
-  if (!broken_.empty()) return broken_;
+  if (!broken_.ok()) return broken_;
   const uint64_t generation = generation_;
   jobs_[index] = &job;
   if (++arrived_ == size_) {
     cv_.notify_all();
   } else if (!cv_.wait_for(lock, timeout,
-                           [&] { return arrived_ == size_ || !broken_.empty(); }) ||
-             !broken_.empty()) {
-    if (broken_.empty()) {
+                           [&] { return arrived_ == size_ || !broken_.ok(); }) ||
+             !broken_.ok()) {
+    if (broken_.ok()) {
       std::ostringstream out;
       out << "in-process all-reduce: no progress for " << timeout_seconds_
           << " s, waiting for local replica(s)";
       for (int i = 0; i < size_; ++i)
         if (jobs_[i] == nullptr) out << " " << i;
-      broken_ = out.str();
+      broken_ = Status::Error(out.str());
       cv_.notify_all();
     }
     jobs_[index] = nullptr;
@@ -40,16 +40,16 @@ std::string LocalGroup::AllReduce(int index, const Job& job, std::shared_ptr<voi
     return broken_;
   }
   const Job& leader = *jobs_[0];
-  std::string error;
+  Status error;
   for (const Job* other : jobs_)
     if (other->num_elements != leader.num_elements || other->dtype != leader.dtype)
-      error = "in-process all-reduce: the local replicas disagree on the tensor (" +
-              std::to_string(other->num_elements) + " vs " +
-              std::to_string(leader.num_elements) + " elements, or the dtype)";
+      error = Status::Error("in-process all-reduce: the local replicas disagree on the tensor (" +
+                            std::to_string(other->num_elements) + " vs " +
+                            std::to_string(leader.num_elements) + " elements, or the dtype)");
   *result = leader.keep_alive;
   lock.unlock();
 
-  if (error.empty()) {
+  if (error.ok()) {
     const int64_t n = leader.num_elements, size = job.itemsize;
     const int64_t lo = n * index / size_, hi = n * (index + 1) / size_;
     constexpr int64_t kBlock = 1 << 14;  // elements per pass, kept in cache across inputs

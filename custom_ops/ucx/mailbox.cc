@@ -28,21 +28,22 @@ uint64_t AssignTag(int64_t source, uint64_t id) {
 
 void FreeWhenDone(void* request, ucs_status_t, void*) { ucp_request_free(request); }
 
-std::string ResolveAddress(const std::string& address, sockaddr_storage* out,
-                           socklen_t* length) {
+Status ResolveAddress(const std::string& address, sockaddr_storage* out, socklen_t* length) {
   size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return "expected \"host:port\", got \"" + address + "\"";
+  if (colon == std::string::npos)
+    return Status::Error("expected \"host:port\", got \"" + address + "\"");
   std::string host = address.substr(0, colon), port = address.substr(colon + 1);
   addrinfo hints = {};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) return "cannot resolve " + address + ": " + gai_strerror(rc);
+  if (rc != 0 || found == nullptr)
+    return Status::Error("cannot resolve " + address + ": " + gai_strerror(rc));
   std::memcpy(out, found->ai_addr, found->ai_addrlen);
   *length = found->ai_addrlen;
   freeaddrinfo(found);
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace
@@ -63,8 +64,8 @@ struct Mailbox::Peer {
 };
 
 Mailbox::Mailbox(MailboxOptions options) : options_(options) {
-  init_error_ = CreateWorker(UCS_THREAD_MODE_SINGLE, &worker_, &event_fd_);
-  if (!init_error_.empty()) return;
+  init_status_ = CreateWorker(UCS_THREAD_MODE_SINGLE, &worker_, &event_fd_);
+  if (!init_status_.ok()) return;
   if (options_.listen_port >= 0) {
     sockaddr_in any = {};
     any.sin_family = AF_INET;
@@ -78,8 +79,9 @@ Mailbox::Mailbox(MailboxOptions options) : options_(options) {
     lp.conn_handler.arg = this;
     ucs_status_t status = ucp_listener_create(worker_, &lp, &listener_);
     if (status != UCS_OK) {
-      init_error_ = "cannot listen on port " + std::to_string(options_.listen_port) + ": " +
-                    ucs_status_string(status);
+      init_status_ = Status::Error("cannot listen on port " +
+                                   std::to_string(options_.listen_port) + ": " +
+                                   ucs_status_string(status));
       listener_ = nullptr;
       return;
     }
@@ -182,15 +184,16 @@ std::string Mailbox::Describe(int peer) const {
          " (its process ended or the connection broke)";
 }
 
-std::string Mailbox::PeerProblem(int watch) const {
+Status Mailbox::PeerProblem(int watch) const {
   if (watch >= 0)
-    return peers_[watch]->failed && !peers_[watch]->closed ? Describe(watch) : "";
+    return peers_[watch]->failed && !peers_[watch]->closed ? Status::Error(Describe(watch))
+                                                           : Status::Ok();
   for (const auto& peer : peers_)
-    if (peer->failed && !peer->closed) return Describe(peer->index);
-  return "";
+    if (peer->failed && !peer->closed) return Status::Error(Describe(peer->index));
+  return Status::Ok();
 }
 
-std::string Mailbox::WaitFor(const std::function<bool()>& done, int watch, const char* what) {
+Status Mailbox::WaitFor(const std::function<bool()>& done, int watch, const char* what) {
   const auto spin = std::chrono::microseconds(options_.spin_us);
   const auto timeout = std::chrono::duration<double>(options_.timeout_seconds);
   auto start = Clock::now(), last_event = start;
@@ -198,8 +201,9 @@ std::string Mailbox::WaitFor(const std::function<bool()>& done, int watch, const
     unsigned events = ucp_worker_progress(worker_);
     AcceptPending();
     if (done()) break;
-    std::string problem = PeerProblem(watch);
-    if (!problem.empty() || Aborted(&problem)) return problem;
+    TFDIST_UCX_RETURN_IF_ERROR(PeerProblem(watch));
+    std::string reason;
+    if (Aborted(&reason)) return Status::Error(reason);
     auto now = Clock::now();
     if (events != 0) {
       last_event = now;
@@ -207,20 +211,19 @@ std::string Mailbox::WaitFor(const std::function<bool()>& done, int watch, const
     }
     if (now - last_event < spin) continue;
     if (options_.timeout_seconds > 0 && now - start > timeout)
-      return std::string("nothing happened for ") + std::to_string(options_.timeout_seconds) +
-             " s while " + what;
+      return Status::Error(std::string("nothing happened for ") +
+                           std::to_string(options_.timeout_seconds) + " s while " + what);
     WaitForEvent(worker_, event_fd_, 10);  // listener events may not wake the descriptor
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string Mailbox::Connect(const std::string& address, int64_t source,
-                             double connect_seconds, int* peer_index, int64_t* id) {
-  if (!init_error_.empty()) return init_error_;
+Status Mailbox::Connect(const std::string& address, int64_t source, double connect_seconds,
+                        int* peer_index, int64_t* id) {
+  TFDIST_UCX_RETURN_IF_ERROR(init_status_);
   sockaddr_storage storage;
   socklen_t length;
-  std::string error = ResolveAddress(address, &storage, &length);
-  if (!error.empty()) return error;
+  TFDIST_UCX_RETURN_IF_ERROR(ResolveAddress(address, &storage, &length));
   auto deadline = Clock::now() + std::chrono::duration<double>(connect_seconds);
   while (true) {  // the server may not listen yet: retry until the deadline
     auto peer = std::make_unique<Peer>();
@@ -238,36 +241,35 @@ std::string Mailbox::Connect(const std::string& address, int64_t source,
     params.err_handler.arg = peer.get();
     ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
     if (status != UCS_OK)
-      return "ucp_ep_create to " + address + ": " + ucs_status_string(status);
+      return Status::Error("ucp_ep_create to " + address + ": " + ucs_status_string(status));
     peers_.push_back(std::move(peer));
     *peer_index = static_cast<int>(peers_.size()) - 1;
     uint64_t tag;
     std::string ignored;
-    error = Recv(AssignTag(source, 0), kKindSourceMask, *peer_index, &tag, &ignored);
-    if (error.empty()) {
+    Status received = Recv(AssignTag(source, 0), kKindSourceMask, *peer_index, &tag, &ignored);
+    if (received.ok()) {
       *id = static_cast<int64_t>(tag & kValueMask);
-      return "";
+      return Status::Ok();
     }
     Peer& failed = *peers_[*peer_index];
-    if (!failed.failed) return "connecting to " + address + ": " + error;
+    if (!failed.failed) return Status::Error("connecting to " + address + ": " +
+                                             received.message());
     if (Clock::now() > deadline)
-      return "no parameter server answered at " + address + " within " +
-             std::to_string(static_cast<int>(connect_seconds)) + " s (last attempt: " +
-             ucs_status_string(failed.status) + ")";
+      return Status::Error("no parameter server answered at " + address + " within " +
+                           std::to_string(static_cast<int>(connect_seconds)) +
+                           " s (last attempt: " + ucs_status_string(failed.status) + ")");
     failed.closed = true;  // a refused attempt; its endpoint is released at exit
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
 
-std::string Mailbox::SendAll(const std::vector<int>& peers, const std::vector<uint64_t>& tags,
-                             const std::vector<const void*>& data,
-                             const std::vector<size_t>& sizes) {
+Status Mailbox::SendAll(const std::vector<int>& peers, const std::vector<uint64_t>& tags,
+                        const std::vector<const void*>& data, const std::vector<size_t>& sizes) {
   std::vector<Request> requests(peers.size());
   for (size_t i = 0; i < peers.size(); ++i) {
     if (peers[i] < 0 || peers[i] >= static_cast<int>(peers_.size()))
-      return "no peer " + std::to_string(peers[i]);
-    std::string problem = PeerProblem(peers[i]);
-    if (!problem.empty()) return problem;
+      return Status::Error("no peer " + std::to_string(peers[i]));
+    TFDIST_UCX_RETURN_IF_ERROR(PeerProblem(peers[i]));
     ucp_request_param_t param = {};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = [](void* request, ucs_status_t status, void* user) {
@@ -287,29 +289,29 @@ std::string Mailbox::SendAll(const std::vector<int>& peers, const std::vector<ui
   }
   for (size_t i = 0; i < peers.size(); ++i) {
     const Request& r = requests[i];
-    std::string error = WaitFor([&r] { return r.done; }, peers[i], "sending");
-    if (!error.empty()) return error;  // a failed peer completes its sends with an error
+    // A failed peer completes its sends with an error.
+    TFDIST_UCX_RETURN_IF_ERROR(WaitFor([&r] { return r.done; }, peers[i], "sending"));
     if (r.status != UCS_OK)
-      return "sending to " + peers_[peers[i]]->name + " failed: " + ucs_status_string(r.status);
+      return Status::Error("sending to " + peers_[peers[i]]->name + " failed: " +
+                           ucs_status_string(r.status));
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string Mailbox::Send(int peer, uint64_t tag, const void* data, size_t size) {
+Status Mailbox::Send(int peer, uint64_t tag, const void* data, size_t size) {
   return SendAll({peer}, {tag}, {data}, {size});
 }
 
-std::string Mailbox::Recv(uint64_t tag, uint64_t mask, int watch, uint64_t* sender_tag,
-                          std::string* payload) {
+Status Mailbox::Recv(uint64_t tag, uint64_t mask, int watch, uint64_t* sender_tag,
+                     std::string* payload) {
   ucp_tag_recv_info_t info = {};
   ucp_tag_message_h message = nullptr;
-  std::string error = WaitFor(
+  TFDIST_UCX_RETURN_IF_ERROR(WaitFor(
       [&] {
         message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
         return message != nullptr;
       },
-      watch, "waiting for a message");
-  if (!error.empty()) return error;
+      watch, "waiting for a message"));
   payload->resize(info.length);
   Request r;
   ucp_request_param_t param = {};
@@ -323,14 +325,14 @@ std::string Mailbox::Recv(uint64_t tag, uint64_t mask, int watch, uint64_t* send
   };
   param.user_data = &r;
   void* request = ucp_tag_msg_recv_nbx(worker_, payload->data(), info.length, message, &param);
-  if (UCS_PTR_IS_ERR(request)) return std::string("receive: ") +
-                                      ucs_status_string(UCS_PTR_STATUS(request));
+  if (UCS_PTR_IS_ERR(request))
+    return Status::Error(std::string("receive: ") + ucs_status_string(UCS_PTR_STATUS(request)));
   if (request == nullptr) r.done = true;
-  error = WaitFor([&r] { return r.done; }, watch, "receiving a message");
-  if (!error.empty()) return error;
-  if (r.status != UCS_OK) return std::string("receive: ") + ucs_status_string(r.status);
+  TFDIST_UCX_RETURN_IF_ERROR(WaitFor([&r] { return r.done; }, watch, "receiving a message"));
+  if (r.status != UCS_OK)
+    return Status::Error(std::string("receive: ") + ucs_status_string(r.status));
   *sender_tag = info.sender_tag;
-  return "";
+  return Status::Ok();
 }
 
 void Mailbox::Close(int peer) {

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "ucx/status.h"
+
 namespace tfdist_ucx {
 
 constexpr uint64_t kAssignKind = 127;  // kind (top 8 bits) of the "your peer id" message
@@ -53,30 +55,29 @@ class Mailbox {
   Mailbox(const Mailbox&) = delete;
   Mailbox& operator=(const Mailbox&) = delete;
 
-  const std::string& init_error() const { return init_error_; }
+  const Status& init_status() const { return init_status_; }
   int port() const { return port_; }  // the port listened on (-1 for a client)
 
   // Runs `call` on the mailbox thread after the calls before it.
   void Submit(std::function<void()> call);
 
-  // The calls below run on the mailbox thread only (through Submit). Each
-  // returns an empty string on success, else the problem.
+  // The calls below run on the mailbox thread only (through Submit).
 
   // Connects to the server at "host:port" whose tags carry `source`, retrying
   // for `connect_seconds` while it does not answer; sets `peer` (this
   // mailbox's index for it) and `id` (the server's id for this mailbox).
-  std::string Connect(const std::string& address, int64_t source, double connect_seconds,
-                      int* peer, int64_t* id);
+  Status Connect(const std::string& address, int64_t source, double connect_seconds,
+                 int* peer, int64_t* id);
   // Sends `size` bytes to `peer` under `tag` and waits until they left.
-  std::string Send(int peer, uint64_t tag, const void* data, size_t size);
+  Status Send(int peer, uint64_t tag, const void* data, size_t size);
   // Posts sends to several peers, then waits for all of them.
-  std::string SendAll(const std::vector<int>& peers, const std::vector<uint64_t>& tags,
-                      const std::vector<const void*>& data, const std::vector<size_t>& sizes);
+  Status SendAll(const std::vector<int>& peers, const std::vector<uint64_t>& tags,
+                 const std::vector<const void*>& data, const std::vector<size_t>& sizes);
   // Receives the first message whose tag matches `tag` under `mask`.
   // `watch`: the peer the message must come from (its failure fails the
   // call), or -1 to fail when any open peer fails.
-  std::string Recv(uint64_t tag, uint64_t mask, int watch, uint64_t* sender_tag,
-                   std::string* payload);
+  Status Recv(uint64_t tag, uint64_t mask, int watch, uint64_t* sender_tag,
+              std::string* payload);
   // Closes the endpoint of `peer` (its later failure is no longer an error).
   void Close(int peer);
 
@@ -84,15 +85,15 @@ class Mailbox {
   struct Request;
   struct Peer;
   void Loop();
-  std::string WaitFor(const std::function<bool()>& done, int watch, const char* what);
-  std::string PeerProblem(int watch) const;
+  Status WaitFor(const std::function<bool()>& done, int watch, const char* what);
+  Status PeerProblem(int watch) const;
   void AcceptPending();
   std::string Describe(int peer) const;
   static void OnConnection(ucp_conn_request_h request, void* arg);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const MailboxOptions options_;
-  std::string init_error_;
+  Status init_status_;
   int port_ = -1;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;

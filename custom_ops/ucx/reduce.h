@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "Eigen/Core"
-#include "ucx/comm.h"
+#include "ucx/transport.h"
 
 namespace tfdist_ucx {
 namespace reduce_internal {

@@ -43,22 +43,22 @@ ucp_context_h SharedContext(std::string* error) {
   return context;
 }
 
-std::string CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd) {
+Status CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd) {
   *worker = nullptr;
   *event_fd = -1;
   std::string error;
   ucp_context_h context = SharedContext(&error);
-  if (context == nullptr) return error;
+  if (context == nullptr) return Status::Error(error);
   ucp_worker_params_t params = {};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = thread_mode;
   ucs_status_t status = ucp_worker_create(context, &params, worker);
   if (status != UCS_OK) {
     *worker = nullptr;
-    return std::string("ucp_worker_create: ") + ucs_status_string(status);
+    return Status::Error(std::string("ucp_worker_create: ") + ucs_status_string(status));
   }
   if (ucp_worker_get_efd(*worker, event_fd) != UCS_OK) *event_fd = -1;
-  return "";
+  return Status::Ok();
 }
 
 void WaitForEvent(ucp_worker_h worker, int event_fd, int timeout_ms) {

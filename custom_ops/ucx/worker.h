@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "ucx/status.h"
+
 namespace tfdist_ucx {
 
 // The process's UCP context (tag matching and wake-up), created on first use;
@@ -14,8 +16,8 @@ namespace tfdist_ucx {
 ucp_context_h SharedContext(std::string* error);
 
 // Creates a UCP worker on the shared context and fetches its event descriptor
-// (-1 where the transports raise no events). Returns "" or the problem.
-std::string CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd);
+// (-1 where the transports raise no events).
+Status CreateWorker(ucs_thread_mode_t thread_mode, ucp_worker_h* worker, int* event_fd);
 
 // Sleeps until `worker` has an event or `timeout_ms` passed; without an event
 // descriptor (or when arming answers busy), sleeps 100 us instead.

@@ -1,4 +1,4 @@
-// Bookkeeping for running a job out of place (see comm.h).
+// Bookkeeping for running a job out of place (see ucx_transport.h).
 #ifndef TFDIST_CUSTOM_OPS_UCX_WRITTEN_H_
 #define TFDIST_CUSTOM_OPS_UCX_WRITTEN_H_
 
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "ucx/comm.h"
+#include "ucx/transport.h"
 
 namespace tfdist_ucx {
 

@@ -1,7 +1,7 @@
 """Parameter servers for asynchronous training (`Strategy(sync="async")`).
 
 * `wire`: message kinds, tags and the mailbox calls over UCX (the
-  `TfdistPs*` ops of `custom_ops/ucx/mailbox_ops.cc`);
+  `TfdistPs*` ops of `custom_ops/ucx/kernels/mailbox_ops.cc`);
 * `sharding`: which server holds which variable (pure);
 * `optimizer_layout`: which of a worker's optimizer variables each server's
   optimizer state maps to;

@@ -139,8 +139,8 @@ Mailbox* Get(OpKernelContext* ctx) {
 }
 
 // The status of a mailbox call that answers "" on success, else the problem.
-absl::Status Checked(const std::string& error) {
-  return error.empty() ? absl::OkStatus() : errors::Unavailable(error);
+absl::Status Checked(const Status& status) {
+  return status.ok() ? absl::OkStatus() : errors::Unavailable(status.message());
 }
 
 // Queues `call` on the mailbox of input 0; its status becomes the op's, then `done` runs.
@@ -192,8 +192,8 @@ class MailboxOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     auto mailbox = std::make_shared<Mailbox>(options_);
-    OP_REQUIRES(ctx, mailbox->init_error().empty(),
-                errors::Unavailable("UCX mailbox: ", mailbox->init_error()));
+    OP_REQUIRES(ctx, mailbox->init_status().ok(),
+                errors::Unavailable("UCX mailbox: ", mailbox->init_status().message()));
     OP_REQUIRES_OK(ctx, ScalarOutput<int32_t>(ctx, 1, mailbox->port()));
     OP_REQUIRES_OK(ctx, ScalarOutput<int64_t>(ctx, 0, RegisterMailbox(std::move(mailbox))));
   }

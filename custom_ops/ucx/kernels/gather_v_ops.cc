@@ -11,7 +11,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "ucx/comm.h"
-#include "ucx/schedule_kernel.h"
+#include "ucx/kernels/schedule_kernel.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -115,9 +115,9 @@ class AllGatherVOp : public AsyncOpKernel {
     job.name = label_;
     job.keep_alive = held;
     Comm* raw = comm.get();
-    job.done = [ctx, done, raw, label = label_](const std::string& error,
+    job.done = [ctx, done, raw, label = label_](const Status& status,
                                                 const std::shared_ptr<void>&) {
-      if (!error.empty()) ctx->SetStatus(errors::Unavailable(Describe(*raw, label, error)));
+      if (!status.ok()) ctx->SetStatus(errors::Unavailable(Describe(*raw, label, status)));
       done();
     };
     comm->Submit(std::move(job));

@@ -1,7 +1,7 @@
 // What the ops that run a schedule share (ucx_ops.cc, inflight_ops.cc): the
 // dtype list, communicator lookup, and job creation from a kernel's attributes.
-#ifndef TFDIST_CUSTOM_OPS_UCX_SCHEDULE_KERNEL_H_
-#define TFDIST_CUSTOM_OPS_UCX_SCHEDULE_KERNEL_H_
+#ifndef TFDIST_CUSTOM_OPS_UCX_KERNELS_SCHEDULE_KERNEL_H_
+#define TFDIST_CUSTOM_OPS_UCX_KERNELS_SCHEDULE_KERNEL_H_
 
 #include <algorithm>
 #include <cstring>
@@ -80,8 +80,12 @@ class ScheduleKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("handle", &handle_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("plan", &flat));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_process", &in_process_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_sum", &host_sum_));
+    bool in_process, host_sum;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_process", &in_process));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_sum", &host_sum));
+    OP_REQUIRES(ctx, !(in_process && host_sum),
+                errors::InvalidArgument("in_process and host_sum exclude each other"));
+    path_ = in_process ? Path::kLocal : host_sum ? Path::kHost : Path::kWire;
     DataType dtype;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
     OP_REQUIRES_OK(ctx, ToDType(dtype, &dtype_));
@@ -90,12 +94,12 @@ class ScheduleKernel {
     OP_REQUIRES(ctx, comm != nullptr,
                 errors::FailedPrecondition("tfdist_ext UCX communicator ", handle_,
                                            " does not exist."));
-    OP_REQUIRES(ctx, !in_process_ || comm->local_index() >= 0,
+    OP_REQUIRES(ctx, path_ != Path::kLocal || comm->local_index() >= 0,
                 errors::FailedPrecondition("an in-process collective on communicator ",
                                            handle_, ", which is in no local group"));
     auto plan = std::make_shared<Plan>();
-    std::string problem = ParsePlan(flat, comm->world_size(), plan.get());
-    OP_REQUIRES(ctx, problem.empty(), errors::InvalidArgument("bad UCX plan: ", problem));
+    Status parsed = ParsePlan(flat, comm->world_size(), plan.get());
+    OP_REQUIRES(ctx, parsed.ok(), errors::InvalidArgument("bad UCX plan: ", parsed.message()));
     for (const auto& round : plan->rounds)
       for (const Step& step : round) max_index_ = std::max(max_index_, step.stop);
     plan_ = std::move(plan);
@@ -109,7 +113,7 @@ class ScheduleKernel {
     if (input.dims() != 1)
       return errors::InvalidArgument("UCX collectives take 1-D tensors; got shape ",
                                      input.shape().DebugString());
-    if (!in_process_ && max_index_ > input.NumElements())
+    if (path_ != Path::kLocal && max_index_ > input.NumElements())
       return errors::InvalidArgument("the plan addresses ", max_index_,
                                      " elements but the tensor has ", input.NumElements());
     std::unique_ptr<Tensor> forwarded;
@@ -123,7 +127,7 @@ class ScheduleKernel {
     } else {
       held->input = input;
       // In process, only local rank 0's output is written (and shared).
-      if (!in_process_ || comm.local_index() == 0 || !Runs(input.NumElements())) {
+      if (path_ != Path::kLocal || comm.local_index() == 0 || !Runs(input.NumElements())) {
         held->output = std::make_shared<Tensor>();
         TF_RETURN_IF_ERROR(
             ctx->allocate_temp(input.dtype(), input.shape(), held->output.get()));
@@ -135,8 +139,7 @@ class ScheduleKernel {
     }
     *kept = held;
     job->plan = plan_;
-    job->in_process = in_process_;
-    job->host_sum = host_sum_;
+    job->path = path_;
     job->dtype = dtype_;
     job->itemsize = itemsize_;
     job->data = held->output ? static_cast<char*>(held->output->data()) : nullptr;
@@ -157,12 +160,11 @@ class ScheduleKernel {
 
   // Whether a job over `n` elements communicates (else the input is the result).
   bool Runs(int64_t n) const {
-    return n > 0 && (in_process_ || host_sum_ || !plan_->rounds.empty());
+    return n > 0 && (path_ != Path::kWire || !plan_->rounds.empty());
   }
 
   int64_t handle_ = 0;
-  bool in_process_ = false;
-  bool host_sum_ = false;
+  Path path_ = Path::kWire;
   std::string label_;
   DType dtype_;
   size_t itemsize_ = 0;
@@ -170,11 +172,11 @@ class ScheduleKernel {
   std::shared_ptr<const Plan> plan_;
 };
 
-inline std::string Describe(const Comm& comm, const std::string& label, const std::string& error) {
+inline std::string Describe(const Comm& comm, const std::string& label, const Status& status) {
   return "tfdist_ext UCX collective '" + label + "' on rank " + std::to_string(comm.rank()) +
-         " of " + std::to_string(comm.world_size()) + ": " + error;
+         " of " + std::to_string(comm.world_size()) + ": " + status.message();
 }
 
 }  // namespace tfdist_ucx
 
-#endif  // TFDIST_CUSTOM_OPS_UCX_SCHEDULE_KERNEL_H_
+#endif  // TFDIST_CUSTOM_OPS_UCX_KERNELS_SCHEDULE_KERNEL_H_

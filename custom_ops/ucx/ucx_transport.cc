@@ -1,10 +1,11 @@
-// UCX communicator: executes encoded schedules over UCX (see comm.h).
-#include "ucx/comm.h"
+// The wire transport: schedules over UCX (see ucx_transport.h).
+#include "ucx/ucx_transport.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
+#include <string>
 
 #include "ucx/abort.h"
 #include "ucx/reduce.h"
@@ -15,6 +16,8 @@ namespace tfdist_ucx {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxRounds = 1 << 12;  // tag bits for the round (`Tag`)
 
 constexpr uint32_t kMaxMessages = 1 << 16;  // tag bits for a message within (round, pair)
 
@@ -29,8 +32,37 @@ bool Overlap(const Step& a, const Step& b) { return a.start < b.stop && b.start 
 
 }  // namespace
 
-struct Comm::Pending {
-  Comm* comm;
+Status ParsePlan(const std::vector<int64_t>& flat, int world_size, Plan* plan) {
+  size_t i = 0;
+  auto next = [&](int64_t* value) {
+    if (i >= flat.size()) return false;
+    *value = flat[i++];
+    return true;
+  };
+  int64_t num_rounds;
+  if (!next(&num_rounds) || num_rounds < 0 || num_rounds > kMaxRounds)
+    return Status::Error("bad round count (at most 4096 rounds)");
+  plan->rounds.resize(num_rounds);
+  for (auto& round : plan->rounds) {
+    int64_t num_steps;
+    if (!next(&num_steps) || num_steps < 0) return Status::Error("bad step count");
+    for (int64_t s = 0; s < num_steps; ++s) {
+      int64_t kind, peer, start, stop;
+      if (!next(&kind) || !next(&peer) || !next(&start) || !next(&stop))
+        return Status::Error("truncated");
+      if (kind < kSend || kind > kRecvCopy)
+        return Status::Error("bad step kind " + std::to_string(kind));
+      if (peer < 0 || peer >= world_size) return Status::Error("bad peer " + std::to_string(peer));
+      if (start < 0 || stop <= start) return Status::Error("bad range");
+      round.push_back({static_cast<StepKind>(kind), static_cast<int>(peer), start, stop});
+    }
+  }
+  if (i != flat.size()) return Status::Error("trailing values");
+  return Status::Ok();
+}
+
+struct UcxTransport::Pending {
+  UcxTransport* transport;
   const Step* step;
   bool is_recv, deferred, done;
   char* dst;          // receive: where the bytes land
@@ -42,20 +74,90 @@ struct Comm::Pending {
   const Job* job;
 };
 
-std::string Comm::Run(const Job& job, uint32_t seq) {
-  Written written(job);
-  for (int r = 0; r < static_cast<int>(job.plan->rounds.size()); ++r) {
-    std::string error = RunRound(job, seq, r, &written);
-    if (!error.empty()) return error;
+UcxTransport::UcxTransport(int rank, int world_size, double timeout_seconds,
+                           int64_t segment_bytes, int spin_us)
+    : rank_(rank),
+      world_size_(world_size),
+      timeout_seconds_(timeout_seconds),
+      segment_bytes_(segment_bytes),
+      spin_us_(spin_us) {
+  init_status_ = CreateWorker(UCS_THREAD_MODE_SERIALIZED, &worker_, &event_fd_);
+  if (!init_status_.ok()) return;
+  ucp_address_t* address;
+  size_t length;
+  ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
+  if (status != UCS_OK) {
+    init_status_ = Status::Error(std::string("ucp_worker_get_address: ") + ucs_status_string(status));
+    return;
   }
-  written.Fill(0, job.num_elements);
-  return "";
+  address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker_, address);
+  endpoints_.assign(world_size_, nullptr);
 }
 
-std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Written* written) {
+UcxTransport::~UcxTransport() {
+  if (worker_ == nullptr || !failed_.ok()) return;
+  std::vector<void*> closing;
+  for (ucp_ep_h ep : endpoints_) {
+    if (ep == nullptr) continue;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* request = ucp_ep_close_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (void* request : closing) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(request);
+  }
+  ucp_worker_destroy(worker_);
+}
+
+Status UcxTransport::Connect(const std::vector<std::string>& addresses) {
+  TFDIST_UCX_RETURN_IF_ERROR(init_status_);
+  if (static_cast<int>(addresses.size()) != world_size_)
+    return Status::Error("expected " + std::to_string(world_size_) + " addresses, got " +
+                  std::to_string(addresses.size()));
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_ || endpoints_[peer] != nullptr) continue;
+    // Peer error handling (UCP_ERR_HANDLING_MODE_PEER) would rule out the
+    // shared-memory transports; a dead peer is caught by the progress timeout.
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[peer].data());
+    ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
+    if (status != UCS_OK) {
+      endpoints_[peer] = nullptr;
+      return Status::Error("ucp_ep_create to rank " + std::to_string(peer) + ": " +
+                    ucs_status_string(status));
+    }
+  }
+  return Status::Ok();
+}
+
+Status UcxTransport::AllReduce(const Job& job, std::shared_ptr<void>* result) {
+  TFDIST_UCX_RETURN_IF_ERROR(failed_);
+  *result = job.keep_alive;
+  Status status = Run(job, next_seq_++);
+  if (!status.ok()) failed_ = status;
+  return status;
+}
+
+Status UcxTransport::Run(const Job& job, uint32_t seq) {
+  Written written(job);
+  for (int r = 0; r < static_cast<int>(job.plan->rounds.size()); ++r)
+    TFDIST_UCX_RETURN_IF_ERROR(RunRound(job, seq, r, &written));
+  written.Fill(0, job.num_elements);
+  return Status::Ok();
+}
+
+Status UcxTransport::RunRound(const Job& job, uint32_t seq, int round_index,
+                              Written* written) {
   const std::vector<Step>& steps = job.plan->rounds[round_index];
   const size_t itemsize = job.itemsize;
-  int64_t segment = std::max<int64_t>(1, options_.segment_bytes / static_cast<int64_t>(itemsize));
+  int64_t segment = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(itemsize));
   segment = std::max<int64_t>(segment, job.num_elements / (kMaxMessages - 1024) + 1);
 
   // A receive goes through scratch when it adds, or when a send or another
@@ -87,10 +189,10 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
   ucp_tag_recv_info_t recv_info;
 
   auto post = [&](const Step& step, int64_t start, int64_t stop, bool defer,
-                  char* scratch) -> std::string {
+                  char* scratch) -> Status {
     pending->push_back({});
     Pending& p = pending->back();
-    p.comm = this;
+    p.transport = this;
     p.step = &step;
     p.is_recv = step.kind != kSend;
     p.deferred = defer;
@@ -108,7 +210,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
     void* request;
     if (p.is_recv) {
       p.dst = scratch != nullptr ? scratch : p.target;
-      param.cb.recv = &Comm::OnRecv;
+      param.cb.recv = &UcxTransport::OnRecv;
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
       param.recv_info.tag_info = &recv_info;
       uint32_t message = received[step.peer]++;
@@ -116,16 +218,16 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
                                  Tag(step.peer, seq, round_index, message), ~uint64_t{0},
                                  &param);
     } else {
-      param.cb.send = &Comm::OnSend;
+      param.cb.send = &UcxTransport::OnSend;
       uint32_t message = sent[step.peer]++;
       if (endpoints_[step.peer] == nullptr)
-        return "no endpoint to rank " + std::to_string(step.peer) + " (not connected)";
+        return Status::Error("no endpoint to rank " + std::to_string(step.peer) + " (not connected)");
       request = ucp_tag_send_nbx(endpoints_[step.peer], p.addend, bytes,
                                  Tag(rank_, seq, round_index, message), &param);
     }
     if (UCS_PTR_IS_ERR(request)) {
-      return std::string("posting a message to rank ") + std::to_string(step.peer) + ": " +
-             ucs_status_string(UCS_PTR_STATUS(request));
+      return Status::Error(std::string("posting a message to rank ") + std::to_string(step.peer) +
+                    ": " + ucs_status_string(UCS_PTR_STATUS(request)));
     }
     if (request == nullptr) {  // completed in place
       p.done = true;
@@ -135,7 +237,7 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
     } else {
       ++outstanding;
     }
-    return "";
+    return Status::Ok();
   };
 
   // Receives first, so data that arrives early lands in place.
@@ -148,14 +250,12 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
         char* scratch = scratch_offset[i] < 0
                             ? nullptr
                             : scratch_.data() + scratch_offset[i] + (s - step.start) * itemsize;
-        std::string error = post(step, s, e, deferred[i], scratch);
-        if (!error.empty()) return error;
+        TFDIST_UCX_RETURN_IF_ERROR(post(step, s, e, deferred[i], scratch));
       }
     }
   }
 
-  std::string error = Wait(*pending, outstanding, job, round_index);
-  if (!error.empty()) return error;  // `pending` stays allocated
+  TFDIST_UCX_RETURN_IF_ERROR(Wait(*pending, outstanding, job, round_index));  // `pending` leaks
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
     if (step.kind == kSend) continue;
@@ -173,13 +273,13 @@ std::string Comm::RunRound(const Job& job, uint32_t seq, int round_index, Writte
     written->Add(step.start, step.stop);
   }
   delete pending;
-  return "";
+  return Status::Ok();
 }
 
-std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, const Job& job,
-                       int round_index) {
-  const auto spin = std::chrono::microseconds(options_.spin_us);
-  const auto timeout = std::chrono::duration<double>(options_.timeout_seconds);
+Status UcxTransport::Wait(std::vector<Pending>& pending, const int& outstanding, const Job& job,
+                          int round_index) {
+  const auto spin = std::chrono::microseconds(spin_us_);
+  const auto timeout = std::chrono::duration<double>(timeout_seconds_);
   auto last_event = Clock::now(), last_completion = last_event;
   int last_outstanding = outstanding;
   while (outstanding > 0) {
@@ -190,10 +290,10 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
           << " failed: " << ucs_status_string(bad_->status);
       if (bad_->status == UCS_ERR_MESSAGE_TRUNCATED)
         out << " (the ranks disagree on the tensor size)";
-      return out.str();
+      return Status::Error(out.str());
     }
     std::string reason;
-    if (Aborted(born_, &reason)) return reason;
+    if (Aborted(born_, &reason)) return Status::Error(reason);
     auto now = Clock::now();
     if (outstanding != last_outstanding) {
       last_outstanding = outstanding;
@@ -204,33 +304,33 @@ std::string Comm::Wait(std::vector<Pending>& pending, const int& outstanding, co
       continue;
     }
     if (now - last_event < spin) continue;
-    if (options_.timeout_seconds > 0 && now - last_completion > timeout) {
+    if (timeout_seconds_ > 0 && now - last_completion > timeout) {
       std::vector<int> waiting;
       for (const Pending& p : pending)
         if (!p.done && std::find(waiting.begin(), waiting.end(), p.step->peer) == waiting.end())
           waiting.push_back(p.step->peer);
       std::ostringstream out;
-      out << "no progress for " << options_.timeout_seconds << " s in round "
+      out << "no progress for " << timeout_seconds_ << " s in round "
           << round_index + 1 << " of " << job.plan->rounds.size() << ", waiting for rank(s)";
       for (int peer : waiting) out << " " << peer;
       out << " (stopped, crashed or stuck)";
-      return out.str();
+      return Status::Error(out.str());
     }
     WaitForEvent(worker_, event_fd_, 1);
   }
-  return "";
+  return Status::Ok();
 }
 
-void Comm::OnSend(void* request, ucs_status_t status, void* user_data) {
+void UcxTransport::OnSend(void* request, ucs_status_t status, void* user_data) {
   auto* p = static_cast<Pending*>(user_data);
   p->done = true;
   p->status = status;
-  if (status != UCS_OK) p->comm->bad_ = p;
+  if (status != UCS_OK) p->transport->bad_ = p;
   --*p->outstanding;
   ucp_request_free(request);
 }
 
-void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+void UcxTransport::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                   void* user_data) {
   auto* p = static_cast<Pending*>(user_data);
   p->status = status;
@@ -239,7 +339,7 @@ void Comm::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*
     p->status = UCS_ERR_MESSAGE_TRUNCATED;
   if (p->status == UCS_OK && !p->deferred && p->step->kind == kRecvReduce)
     Reduce(p->job->dtype, p->target, p->addend, p->dst, p->elements);
-  if (p->status != UCS_OK) p->comm->bad_ = p;
+  if (p->status != UCS_OK) p->transport->bad_ = p;
   p->done = true;
   --*p->outstanding;
   ucp_request_free(request);

@@ -12,7 +12,7 @@
 #include "ucx/abort.h"
 #include "ucx/comm.h"
 #include "ucx/local_group.h"
-#include "ucx/schedule_kernel.h"
+#include "ucx/kernels/schedule_kernel.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -159,8 +159,9 @@ class CreateOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     auto comm = std::make_shared<Comm>(rank_, world_size_, options_);
-    OP_REQUIRES(ctx, comm->init_error().empty(),
-                errors::Unavailable("UCX initialisation failed: ", comm->init_error()));
+    OP_REQUIRES(ctx, comm->init_status().ok(),
+                errors::Unavailable("UCX initialisation failed: ",
+                                    comm->init_status().message()));
     Tensor* handle;
     Tensor* address;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
@@ -183,8 +184,9 @@ class ConnectOp : public OpKernel {
     auto flat = ctx->input(1).flat<tensorflow::tstring>();
     std::vector<std::string> addresses;
     for (int64_t i = 0; i < flat.size(); ++i) addresses.emplace_back(flat(i));
-    std::string error = comm->Connect(addresses);
-    OP_REQUIRES(ctx, error.empty(), errors::Unavailable("UCX wire-up failed: ", error));
+    Status connected = comm->Connect(addresses);
+    OP_REQUIRES(ctx, connected.ok(),
+                errors::Unavailable("UCX wire-up failed: ", connected.message()));
   }
 };
 
@@ -214,13 +216,13 @@ class HostIdentityOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     auto comm = GetComm(ctx, ctx->input(0).scalar<int64_t>()());
     if (comm == nullptr) return;
-    std::string problem;
-    std::string identity = comm->CreateHostGroup(&problem);
+    std::string identity;
+    Status created = comm->CreateHostGroup(&identity);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<tensorflow::tstring>()() = identity;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &out));
-    out->scalar<tensorflow::tstring>()() = problem;
+    out->scalar<tensorflow::tstring>()() = created.message();
   }
 };
 
@@ -235,7 +237,7 @@ class JoinHostOp : public OpKernel {
     for (int64_t i = 0; i < flat.size(); ++i) identities.emplace_back(flat(i));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<tensorflow::tstring>()() = comm->JoinHost(identities);
+    out->scalar<tensorflow::tstring>()() = comm->JoinHost(identities).message();
   }
 };
 
@@ -313,10 +315,10 @@ class RunOp : public AsyncOpKernel, ScheduleKernel {
     }
     Comm* raw = comm.get();
     std::string label = label_;
-    job.done = [ctx, done, raw, label](const std::string& error,
+    job.done = [ctx, done, raw, label](const Status& status,
                                        const std::shared_ptr<void>& result) {
-      if (!error.empty())
-        ctx->SetStatus(errors::Unavailable(Describe(*raw, label, error)));
+      if (!status.ok())
+        ctx->SetStatus(errors::Unavailable(Describe(*raw, label, status)));
       else
         ctx->set_output(0, *static_cast<Held*>(result.get())->output);
       done();

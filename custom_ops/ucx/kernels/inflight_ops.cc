@@ -13,7 +13,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "ucx/comm.h"
-#include "ucx/schedule_kernel.h"
+#include "ucx/kernels/schedule_kernel.h"
 
 namespace tfdist_ucx {
 namespace {
@@ -111,19 +111,19 @@ class StartOp : public OpKernel, ScheduleKernel {
     out->scalar<int64_t>()() = id;
     Comm* raw = comm.get();
     std::string label = label_;
-    job.done = [ticket, raw, label](const std::string& error,
+    job.done = [ticket, raw, label](const Status& status,
                                     const std::shared_ptr<void>& result) {
       std::function<void()> waiter;
       {
         std::lock_guard<std::mutex> lock(ticket->mu);
         ticket->finished = true;
-        if (!error.empty()) ticket->error = Describe(*raw, label, error);
+        if (!status.ok()) ticket->error = Describe(*raw, label, status);
         ticket->result = std::static_pointer_cast<Held>(result);
         waiter = std::move(ticket->on_finish);
       }
       if (waiter) waiter();
     };
-    if (!Runs(job.num_elements)) return job.done("", job.keep_alive);
+    if (!Runs(job.num_elements)) return job.done(Status::Ok(), job.keep_alive);
     comm->Submit(std::move(job));
   }
 
