@@ -44,6 +44,21 @@ def test_options_it_cannot_run_with_are_refused(kwargs, conflict):
     assert conflict in str(info.value)
 
 
+def test_elastic_without_the_ucx_library_says_why_the_engine_fell_back(monkeypatch):
+    from tfdist_ext.ops import ucx as ucx_ops
+
+    monkeypatch.setattr(ucx_ops, "_library_path", lambda: None)
+    monkeypatch.setenv(elastic_options.VARIABLE, "1")
+    with pytest.warns(UserWarning, match="Using TF's collectives"), \
+            pytest.raises(ValueError) as info:
+        tfdist_ext.Strategy(num_replicas=2)
+    message = str(info.value)
+    assert "engine='tf' (needs 'ucx', whose communicators can be rebuilt; the UCX engine " \
+           "is unavailable: the tfdist_ext UCX op library is not available" in message
+    assert "pip install 'libucx-cu12>=1.22,<1.23'" in message
+    assert "the environment has TFDIST_ELASTIC=1" in message
+
+
 def test_one_process_has_nothing_to_survive():
     strategy = tfdist_ext.Strategy(elastic={"min_workers": 1}, num_replicas=2)
     assert strategy.elastic is None

@@ -79,11 +79,14 @@ class Elastic:
             spec: The job's `cluster.ClusterSpec` from TF_CONFIG, if any.
         """
         from tfdist_ext.collectives import engines  # pylint: disable=import-outside-toplevel
+        from tfdist_ext.ops import ucx as ucx_ops  # pylint: disable=import-outside-toplevel
 
         problems = []
         if config.engine != "ucx":
+            unavailable = ucx_ops.problem()
             problems.append(f"engine={config.engine!r} (needs 'ucx', whose communicators "
-                            "can be rebuilt)")
+                            "can be rebuilt" + (f"; the UCX engine is unavailable: {unavailable}"
+                                                if unavailable else "") + ")")
         names = set(config.allreduce.algorithms)
         if names & {"auto", "native", "hierarchical"} or config.allreduce.hosts is not None:
             problems.append(f"allreduce={config.allreduce} (needs a fixed algorithm such as "
