@@ -1,5 +1,6 @@
 """The elastic tests' jobs: elastic_fit.py's workers as plain TF_CONFIG processes."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, end_processes
 from tfdist_ext.elastic.options import REPLACEMENT_DELAY_SECONDS
 from tfdist_ext.launch import free_ports, tf_configs
 from tfdist_ext.ops import ucx as ucx_ops
@@ -23,6 +24,31 @@ def start(configs, index, out, log, *args, env=None):
     env = dict(os.environ, TF_CONFIG=configs[index], PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.Popen([sys.executable, str(WORKER), str(out), *map(str, args)], env=env,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+@contextlib.contextmanager
+def started(out, *args, workers=3, env=None):
+    """Starts `workers` elastic_fit.py processes writing to the new folder `out`, each
+    with `args`; yields (processes, log paths) and ends what is left of them on exit."""
+    out.mkdir()
+    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
+    logs = [out / f"w{i}.log" for i in range(workers)]
+    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
+    procs = [start(configs, i, out, files[i], *args, env=env) for i in range(workers)]
+    try:
+        yield procs, logs
+    finally:
+        end_processes(procs, files)
+
+
+def wait_for(ready, procs, logs, seconds=120):
+    """Polls `ready()` until it holds; fails (with the logs' ends) after `seconds` or
+    when one of `procs` ended first."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [log.read_text(errors="replace")[-2000:] for log in logs]
+        time.sleep(0.1)
 
 
 def run_job(tmp_path, name, kill_worker, kill_step, workers=3, extra=(), restart=False):

@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from conftest import end_processes, launch
-from elastic_jobs import NO_UCX, WORKER, removed_in_time, run_job, start, weights_sha
-from tfdist_ext.launch import free_ports, tf_configs
+from conftest import launch
+from elastic_jobs import NO_UCX, WORKER, removed_in_time, run_job, started, wait_for, weights_sha
 
 
 @NO_UCX
@@ -27,21 +26,12 @@ def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp
     SIGCONT once they have: it finds from its own clock that it stood still, asks the
     members, exits non-zero naming what happened, and the checkpoints stay theirs."""
     out = tmp_path / "stop"
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
-    logs = [out / f"w{i}.log" for i in range(3)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
     # The survivors wait 1 s per step while short (at most 8 s): the job still runs
     # when the stopped worker continues.
     env = {"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "8"}
-    procs = [start(configs, i, out, files[i], 0, 10, 2, "mlp", "sigstop", env=env)
-             for i in range(3)]
-    try:
-        deadline = time.monotonic() + 120
-        while "go on (generation" not in logs[1].read_text(errors="replace"):
-            assert time.monotonic() < deadline and procs[1].poll() is None, \
-                logs[1].read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
+    with started(out, 0, 10, 2, "mlp", "sigstop", env=env) as (procs, logs):
+        wait_for(lambda: "go on (generation" in logs[1].read_text(errors="replace"),
+                 procs[1:], logs)
         assert procs[0].poll() is None
         time.sleep(1)
         procs[0].send_signal(signal.SIGCONT)
@@ -49,8 +39,6 @@ def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp
         code = procs[0].wait(timeout=60)
         took = time.monotonic() - continued
         codes = [code] + [p.wait(timeout=240) for p in procs[1:]]
-    finally:
-        end_processes(procs, files)
     texts = [log.read_text(errors="replace") for log in logs]
     assert codes[1:] == [0, 0] and codes[0] not in (0, None), [t[-3000:] for t in texts]
     assert took < 10, (took, texts[0][-3000:])
@@ -70,26 +58,14 @@ def test_a_job_frozen_as_a_whole_goes_on_with_every_worker(tmp_path):
     service must not take the stall for deaths: once it marked every task in error after
     a 4 s heartbeat timeout, and Keras' next TF collective failed on every worker."""
     out = tmp_path / "freeze"
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(3)])
-    logs = [out / f"w{i}.log" for i in range(3)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
-    procs = [start(configs, i, out, files[i], 0, -1, 3, "mlp", "train",
-                   env={"TFDIST_ELASTIC": "1"}) for i in range(3)]
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "ckpt-1.weights.h5").exists():
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
-                [log.read_text(errors="replace")[-2000:] for log in logs]
-            time.sleep(0.1)
+    with started(out, 0, -1, 3, "mlp", "train", env={"TFDIST_ELASTIC": "1"}) as (procs, logs):
+        wait_for((out / "ckpt-1.weights.h5").exists, procs, logs)
         for p in procs:
             p.send_signal(signal.SIGSTOP)
         time.sleep(6)
         for p in procs:
             p.send_signal(signal.SIGCONT)
         codes = [p.wait(timeout=180) for p in procs]
-    finally:
-        end_processes(procs, files)
     texts = [log.read_text(errors="replace") for log in logs]
     assert codes == [0, 0, 0], [t[-3000:] for t in texts]
     # The job trains on the UCX engine; TF's collective executor (Keras' model build at a
