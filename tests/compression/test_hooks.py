@@ -104,3 +104,22 @@ def test_bucket_split_and_communicator_checks():
     with pytest.raises(TypeError, match=r"Communicator.all_gather takes a 1-D int32 tensor; "
                                         r"received float32 of shape \(4,\)\. Pack payloads"):
         comm.all_gather(tf.zeros([4]))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_packed_payloads_come_back_one_dimensional_in_rank_order(world_size):
+    from tfdist_ext.compression import transport
+
+    dtypes = [tf.int8, tf.uint8, tf.float16, tf.bfloat16, tf.int32, tf.float32, tf.float64]
+    rng = np.random.default_rng(0)
+    replicas = [[tf.cast(rng.integers(-100, 100, size=n), dtype)
+                 for dtype, n in zip(dtypes, [5, 3, 7, 1, 0, 2, 3])]
+                for _ in range(world_size)]
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in replicas[0]]
+    gathered = tf.concat([transport.pack(payload) for payload in replicas], 0)
+    fields = transport.unpack_gathered(gathered, specs, world_size)
+    for j, (spec, field) in enumerate(zip(specs, fields)):
+        assert field.dtype == spec.dtype
+        assert field.shape == [world_size * spec.shape[0]], (spec.dtype.name, field.shape)
+        expected = np.concatenate([replicas[r][j].numpy() for r in range(world_size)])
+        np.testing.assert_array_equal(field.numpy(), expected)

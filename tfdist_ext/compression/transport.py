@@ -30,8 +30,9 @@ def _to_bytes(tensor):
 def _from_bytes(data, dtype):
     if dtype == tf.uint8:
         return data
-    width = dtype.size
-    return tf.bitcast(tf.reshape(data, [-1, width]), dtype)
+    if dtype.size == 1:  # a same-width bitcast keeps the shape: no trailing axis to fold
+        return tf.bitcast(data, dtype)
+    return tf.bitcast(tf.reshape(data, [-1, dtype.size]), dtype)
 
 
 def pack(payload):
