@@ -51,6 +51,11 @@ class Registry:
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Removes `name` (a notebook defining its entry again, a test's own entry)."""
+        self.class_for(name)
+        del self._classes[name]
+
     def names(self):
         """Registered names, sorted."""
         return sorted(self._classes)

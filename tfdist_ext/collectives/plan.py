@@ -30,6 +30,7 @@ import bisect
 import dataclasses
 import functools
 
+from tfdist_ext.collectives import verify
 from tfdist_ext.collectives.schedule import Recv, Send, schedule_fn
 
 EXCHANGE, SEND, RECV = "exchange", "send", "recv"
@@ -90,6 +91,7 @@ def _exchange_range(steps, me: int, peer: int):
 
 @functools.lru_cache(maxsize=256)
 def _schedules(algorithm, world_size: int, num_elements: int):
+    verify.before_use(algorithm, world_size)
     fn = schedule_fn(algorithm)
     return tuple(fn(world_size, rank, num_elements) for rank in range(world_size))
 

@@ -139,7 +139,8 @@ def register_schedule(name: str, rounds_fn: RoundsFn, class_name: str) -> Schedu
         class_name, [], frozen=True,
         namespace={"schedule": lambda self, world_size, rank, num_elements:
                    schedule(world_size, rank, num_elements),
-                   "__doc__": f"Registry entry for the {name} all-reduce."})
+                   "__doc__": f"Registry entry for the {name} all-reduce.",
+                   "__module__": rounds_fn.__module__})
     ALGORITHMS.register(name)(entry)
     return schedule
 

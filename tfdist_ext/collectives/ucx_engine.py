@@ -71,7 +71,7 @@ import threading
 import tensorflow as tf
 
 from tfdist_ext import _compat, coordination
-from tfdist_ext.collectives import gather, ucx_host, ucx_slots
+from tfdist_ext.collectives import gather, ucx_host, ucx_slots, verify
 from tfdist_ext.collectives.schedule import encode, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -232,6 +232,7 @@ class UcxEngine:
         key = (kind, algorithm, rank, n)
         if key not in self._plans:
             if kind == "all_reduce":
+                verify.before_use(algorithm, self.world_size)
                 sched = schedule_fn(algorithm)(self.world_size, rank, n)
             elif kind == "all_gather":
                 sched = gather.all_gather_schedule(self.world_size, rank, n)
