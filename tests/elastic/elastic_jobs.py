@@ -26,19 +26,35 @@ def start(configs, index, out, log, *args, env=None):
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
+class Job:
+    """Processes of one TF_CONFIG cluster running elastic_fit.py, their logs in `out`."""
+
+    def __init__(self, out, workers, env=None):
+        out.mkdir()
+        self.out, self.env = out, env
+        self.configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
+        self.procs, self.logs, self.files = [], [], []
+
+    def start(self, index, log_name, *args):
+        """Starts task `index` with `args`, writing to OUT/`log_name`; returns the process."""
+        self.logs.append(self.out / log_name)
+        self.files.append(open(self.logs[-1], "w", encoding="utf-8"))  # pylint: disable=consider-using-with
+        self.procs.append(start(self.configs, index, self.out, self.files[-1], *args,
+                                env=self.env))
+        return self.procs[-1]
+
+
 @contextlib.contextmanager
 def started(out, *args, workers=3, env=None):
-    """Starts `workers` elastic_fit.py processes writing to the new folder `out`, each
-    with `args`; yields (processes, log paths) and ends what is left of them on exit."""
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
-    logs = [out / f"w{i}.log" for i in range(workers)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
-    procs = [start(configs, i, out, files[i], *args, env=env) for i in range(workers)]
+    """Starts `workers` tasks with `args` writing to the new folder `out`; yields the
+    `Job` and ends what is left of its processes on exit."""
+    job = Job(out, workers, env)
     try:
-        yield procs, logs
+        for i in range(workers):
+            job.start(i, f"w{i}.log", *args)
+        yield job
     finally:
-        end_processes(procs, files)
+        end_processes(job.procs, job.files)
 
 
 def wait_for(ready, procs, logs, seconds=120):
@@ -55,28 +71,14 @@ def run_job(tmp_path, name, kill_worker, kill_step, workers=3, extra=(), restart
     """Runs the job; with `restart`, starts the killed worker again (same TF_CONFIG,
     nobody killed) once it died: its exit code and log are the last ones."""
     out = tmp_path / name
-    out.mkdir()
-    configs = tf_configs([f"127.0.0.1:{p}" for p in free_ports(workers)])
-    logs = [out / f"w{i}.log" for i in range(workers)]
-    files = [open(path, "w", encoding="utf-8") for path in logs]  # pylint: disable=consider-using-with
     env = {"TFDIST_ELASTIC": "1", "WAIT_REJOIN": "1"} if restart else None
-    procs = [start(configs, i, out, files[i], kill_worker, kill_step, *extra, env=env)
-             for i in range(workers)]
-    try:
+    with started(out, kill_worker, kill_step, *extra, workers=workers, env=env) as job:
         if restart:
-            procs[kill_worker].wait(timeout=240)
+            job.procs[kill_worker].wait(timeout=240)
             time.sleep(REPLACEMENT_DELAY_SECONDS)  # the survivors notice the death first
-            logs.append(out / f"w{kill_worker}-replacement.log")
-            files.append(open(logs[-1], "w", encoding="utf-8"))  # pylint: disable=consider-using-with
-            procs.append(start(configs, kill_worker, out, files[-1], -1, -1, *extra, env=env))
-        codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in files:
-            f.close()
+            job.start(kill_worker, f"w{kill_worker}-replacement.log", -1, -1, *extra)
+        codes = [p.wait(timeout=240) for p in job.procs]
+    logs = job.logs
     texts = [log.read_text(errors="replace") for log in logs]
     results = {i: json.loads((out / f"w{i}.json").read_text())
                for i in range(workers) if (out / f"w{i}.json").exists()}

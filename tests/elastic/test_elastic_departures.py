@@ -29,7 +29,8 @@ def test_a_stopped_chief_is_removed_and_when_continued_exits_without_writing(tmp
     # The survivors wait 1 s per step while short (at most 8 s): the job still runs
     # when the stopped worker continues.
     env = {"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "8"}
-    with started(out, 0, 10, 2, "mlp", "sigstop", env=env) as (procs, logs):
+    with started(out, 0, 10, 2, "mlp", "sigstop", env=env) as job:
+        procs, logs = job.procs, job.logs
         wait_for(lambda: "go on (generation" in logs[1].read_text(errors="replace"),
                  procs[1:], logs)
         assert procs[0].poll() is None
@@ -58,7 +59,8 @@ def test_a_job_frozen_as_a_whole_goes_on_with_every_worker(tmp_path):
     service must not take the stall for deaths: once it marked every task in error after
     a 4 s heartbeat timeout, and Keras' next TF collective failed on every worker."""
     out = tmp_path / "freeze"
-    with started(out, 0, -1, 3, "mlp", "train", env={"TFDIST_ELASTIC": "1"}) as (procs, logs):
+    with started(out, 0, -1, 3, "mlp", "train", env={"TFDIST_ELASTIC": "1"}) as job:
+        procs, logs = job.procs, job.logs
         wait_for((out / "ckpt-1.weights.h5").exists, procs, logs)
         for p in procs:
             p.send_signal(signal.SIGSTOP)
