@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tfdist_ext
 from tfdist_ext.collectives import ALGORITHMS, verify
+from tfdist_ext.collectives.hierarchical import Hierarchical
 from tfdist_ext.collectives.schedule import Recv, Send, register_schedule
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -74,3 +75,25 @@ def test_each_engine_refuses_a_wrong_schedule_and_runs_a_right_one(schedules, en
     with pytest.raises(ValueError, match="'test_to_last_overwrites' is not an all-reduce "
                                          "at world_size=3"):
         _sum_on_replicas("test_to_last_overwrites", engine)
+
+
+def test_a_user_schedule_run_by_the_host_leaders_is_simulated_at_their_number(schedules):
+    """The hierarchical schedule is ours, its `inter` may not be (issue 53: it was
+    not simulated)."""
+    verify.before_use(Hierarchical(hosts=(0, 0, 1, 1, 2), inter="test_to_last"), 5)
+    with pytest.raises(ValueError, match="'test_to_last_overwrites' is not an all-reduce "
+                                         "at world_size=3"):
+        verify.before_use(Hierarchical(hosts=(0, 0, 1, 1, 2), inter="test_to_last_overwrites"), 5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_engine_refuses_a_wrong_inter_schedule(schedules, engine, monkeypatch):
+    monkeypatch.setenv("TFDIST_UCX_IN_PROCESS", "0")
+    def hierarchical(inter):
+        return {"name": "hierarchical", "hosts": (0, 0, 1), "inter_host": inter}
+
+    for result in _sum_on_replicas(hierarchical("test_to_last"), engine):
+        np.testing.assert_array_equal(result, np.full([7], 6.0))
+    with pytest.raises(ValueError, match="'test_to_last_overwrites' is not an all-reduce "
+                                         "at world_size=2"):
+        _sum_on_replicas(hierarchical("test_to_last_overwrites"), engine)

@@ -155,6 +155,14 @@ class Hierarchical:
                 rounds[c + s] += steps
         return tuple(rounds)
 
+    def parts(self) -> Tuple[Tuple[str, int], ...]:
+        """(algorithm, world size) of what this schedule runs inside it: the named
+        `inter` on the host leaders (`verify.before_use` simulates it when it was
+        written outside tfdist_ext; "auto" picks only built-in algorithms)."""
+        if self.inter == "auto":
+            return ()
+        return ((self.inter, len(host_groups(self.hosts))),)
+
     def inter_algorithm(self, num_hosts: int, num_elements: int) -> str:
         """The flat algorithm the leaders run on a chunk of `num_elements`."""
         if self.inter != "auto":

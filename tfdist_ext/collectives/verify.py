@@ -7,7 +7,9 @@ even show, because the UCX engine sums in process and never runs the schedule.
 `before_use` runs `simulator.check_allreduce` for the world size an engine is about to
 use, once per algorithm and world size in a process, and refuses a wrong schedule with
 an error naming it. The algorithms of this package are checked by its tests for world
-sizes 1-9 and are not simulated again.
+sizes 1-9 and are not simulated again; one that runs another algorithm inside it (the
+hierarchical schedule's `inter` on the host leaders) names it in `parts()`, and that
+one is checked at its own world size.
 
 Example:
     >>> before_use("ring", 3)   # built in: returns at once
@@ -21,10 +23,13 @@ from tfdist_ext.collectives.schedule import ALGORITHMS, ScheduleError
 PACKAGE = "tfdist_ext."
 
 
+def _resolved(algorithm):
+    """The registered entry for a name or configuration, else `algorithm` itself."""
+    return ALGORITHMS.get(algorithm) if isinstance(algorithm, (str, dict)) else algorithm
+
+
 def _defined_here(algorithm) -> bool:
     """True when the algorithm's code is part of tfdist_ext."""
-    if isinstance(algorithm, (str, dict)):
-        algorithm = ALGORITHMS.get(algorithm)
     owner = algorithm if not hasattr(algorithm, "schedule") else type(algorithm)
     return getattr(owner, "__module__", "").startswith(PACKAGE)
 
@@ -48,7 +53,10 @@ def before_use(algorithm, world_size: int) -> None:
             leave the sum on every rank, naming the algorithm, the world size and how
             to reproduce it with `tfdist_ext.collectives.check_allreduce`.
     """
-    if _defined_here(algorithm):
+    resolved = _resolved(algorithm)
+    if _defined_here(resolved):
+        for part, size in getattr(resolved, "parts", tuple)():
+            before_use(part, size)
         return
     for n in sizes(world_size):
         try:
