@@ -11,7 +11,6 @@ checked, in `tfdist_ext.keras.patches`, the one module that installs them.
 """
 
 # pylint: disable=unused-import,g-direct-tensorflow-import
-import os
 
 try:
     from tensorflow.python.distribute import collective_all_reduce_strategy
@@ -163,17 +162,17 @@ def context_initialized():
     return context.context()._context_handle is not None  # pylint: disable=protected-access
 
 
-_elastic_context = []  # [True] once the context was configured for replacements
+_recoverable_context = []  # [True] once the context lets a dead worker come back
 
 
-def elastic_context() -> bool:
-    """Whether the context was prepared for elastic training (TFDIST_ELASTIC=1 then,
-    or this process joined a running elastic job as a replacement)."""
-    return bool(_elastic_context)
+def recoverable_context() -> bool:
+    """Whether the context was configured with `recoverable=True` (the workers'
+    jobs outlive a death and take a worker started again)."""
+    return bool(_recoverable_context)
 
 
 def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=True,
-                                 heartbeat_ms=0):
+                                 heartbeat_ms=0, recoverable=False):
     """Configures this process as a worker of `cluster_spec` before TF starts.
 
     What `MultiWorkerMirroredStrategy` does when it is created first thing in
@@ -188,12 +187,15 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
         cluster_spec: `tf.train.ClusterSpec` of the chief and worker jobs.
         task_type: "worker" or "chief".
         task_id: This task's index in its job.
-        coordination: False for a replacement joining a running elastic job:
+        coordination: False for a worker started again while its job runs:
             no coordination service (its leader may be dead), no registration.
         heartbeat_ms: The coordination service's heartbeat timeout (0: TF's
-            default, 10 s), in elastic training too: the service's own death
+            default, 10 s), for recoverable jobs too: the service's own death
             detection only backs up the dead-peer watcher's, and a timeout
             puts the late task's TF collectives in error for good.
+        recoverable: A worker's death does not fail the others' agents, and
+            a worker started again may register as a new incarnation (what
+            elastic training needs; `coordination=False` implies it).
 
     Returns:
         False (and changes nothing) when the context already exists.
@@ -206,12 +208,12 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
                                                               task_id),
         scoped_allocator_enabled_ops=("CollectiveReduce",),
         device_filters=(f"/job:{task_type}/task:{task_id}",))
-    # Elastic jobs (TFDIST_ELASTIC=1): a worker's death does not fail the others'
-    # agents (a recoverable job). A replacement joins without the service; one that
-    # heard no member's answer tries to register as a new incarnation, which the
-    # service refuses while the dead task is within its heartbeat timeout: it waits
-    # until the startup watch ends it, naming the blocked UDP (`tfdist_ext.startup`).
-    elastic = os.environ.get("TFDIST_ELASTIC") == "1" or not coordination
+    # A recoverable job: a worker's death does not fail the others' agents. A worker
+    # started again joins without the service; one that found no running job tries to
+    # register as a new incarnation, which the service refuses while the dead task is
+    # within its heartbeat timeout: it waits until the startup watch ends it, naming
+    # the blocked UDP (`tfdist_ext.startup`).
+    recoverable = recoverable or not coordination
     if coordination:
         ctx.configure_coordination_service(
             service_type="standalone",
@@ -220,11 +222,11 @@ def prepare_multi_worker_context(cluster_spec, task_type, task_id, coordination=
                 name=job, num_tasks=cluster_spec.num_tasks(job))
                 for job in ("chief", "worker") if job in cluster_spec.jobs],
             heartbeat_timeout_in_ms=heartbeat_ms,
-            allow_new_incarnation_to_reconnect=elastic)
-        if elastic:
+            allow_new_incarnation_to_reconnect=recoverable)
+        if recoverable:
             ctx.coordination_service.recoverable_jobs.append("worker")
-    if elastic:
-        _elastic_context.append(True)
+    if recoverable:
+        _recoverable_context.append(True)
     ctx.enable_collective_ops(tensorflow_server_pb2.ServerDef(
         cluster=cluster_spec.as_cluster_def(), default_session_config=ctx.config,
         job_name=task_type, task_index=task_id, protocol="grpc", port=0))

@@ -26,8 +26,7 @@ import time
 from typing import Optional
 
 from tfdist_ext import frontends, startup
-from tfdist_ext.elastic import beacon
-from tfdist_ext.elastic import options as elastic_options
+from tfdist_ext.elastic import starting
 # `early.release()` ends the import-time watch, which lives in `startup`: the
 # launcher releases it from there without importing this module.
 from tfdist_ext.startup import release  # pylint: disable=unused-import
@@ -61,10 +60,11 @@ def prepare() -> bool:
         return False
     jobs = spec.without_servers()
     resolver = jobs.resolver()
-    joining = _joins_running_job(spec)
+    start = starting.at_import(spec)
     if not _compat.prepare_multi_worker_context(
             resolver.cluster_spec(), spec.task_type, spec.task_index,
-            coordination=not joining, heartbeat_ms=liveness.coordination_heartbeat_ms()):
+            coordination=not start.joining, heartbeat_ms=liveness.coordination_heartbeat_ms(),
+            recoverable=start.recoverable):
         return False
     share_cores(spec)
     frontends.get().prepare_workers(spec.worker_addresses)
@@ -72,25 +72,6 @@ def prepare() -> bool:
     startup.watch_import(spec)
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",
                      daemon=True).start()
-    return True
-
-
-def _joins_running_job(spec) -> bool:
-    """Under TFDIST_ELASTIC=1: whether this worker was started again while its job runs.
-
-    The members answer (`tfdist_ext.elastic.beacon`); such a replacement
-    starts TF without its coordination service (whose leader, worker 0, may
-    be the worker it replaces) and asks the members to take it in.
-    """
-    if os.environ.get(elastic_options.VARIABLE) != "1" or spec.task_type != "worker":
-        return False
-    others = [a for i, a in enumerate(spec.jobs["worker"]) if i != spec.task_index]
-    answer = beacon.running_job(others)
-    if answer is None:
-        return False
-    beacon.remember(answer)
-    log.warning("tfdist_ext: worker %d starts while its job runs: it joins as a replacement.",
-                spec.task_index)
     return True
 
 

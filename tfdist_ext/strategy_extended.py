@@ -55,9 +55,10 @@ class Extended(_compat.CollectiveAllReduceExtended):
             # _compat.collective_ops_enabled); TF's own check applies as for a
             # strategy that enabled them itself.
             self._std_server_started = True
-            # Elastic jobs have their own watcher; TF's would all-reduce with everyone.
+            # Recoverable (elastic) jobs have their own watcher; TF's would all-reduce
+            # with everyone.
             self._enable_check_health = not (_compat.coordination_service_configured()
-                                             or _compat.elastic_context())
+                                             or _compat.recoverable_context())
         elif _compat.context_initialized():
             raise RuntimeError(LATE_START)
         super()._initialize_multi_worker(cluster_resolver)

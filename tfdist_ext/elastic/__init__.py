@@ -1,7 +1,8 @@
 """Training that goes on when a worker dies: `tfdist_ext.Strategy(elastic=True)`.
 
 `Elastic` holds the options; `seam` is all the strategy and Keras call (the
-job's members, fixed or elastic); `recovery` what the survivors do (see there);
+job's members, fixed or elastic) and `starting` all that `tfdist_ext.early` asks
+at import (how this worker starts TF); `recovery` what the survivors do (see there);
 `health` and `membership` how they find who is left and agree on it; `store`
 where they meet;
 `beacon`, `joining` and `admission` how a replacement finds the running job and

@@ -179,7 +179,7 @@ def for_strategy(strategy, options, key_prefix: str, cluster_spec) -> Members:
     recovery = recovery_lib.Recovery(strategy, options, key_prefix)
     if recovery.replacement:
         strategy.extended.step_down()
-    if not _compat.elastic_context():
+    if not _compat.recoverable_context():
         log.warning(
             "tfdist_ext: elastic training without %s=1 in the environment at import: the "
             "survivors of a death go on, but a worker started again cannot rejoin. Set it for "

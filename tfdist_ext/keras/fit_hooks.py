@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import frontends, zero
-from tfdist_ext.keras import (data_order, elastic_fit, local_input, moved_momentum,
+from tfdist_ext.keras import (data_order, local_input, members_fit, moved_momentum,
                               patch_check, preemption, saving, stop_training, uneven,
                               worker_callbacks, xla)
 
@@ -89,9 +89,7 @@ def wrap_make_train_function(original):
         _build_with_step(self, strategy, "train_step", step, lambda: original(self, force=force))
         if runner is not None and runner.worker_local_logs:
             self.train_function = _worker_local(self.train_function, strategy)
-        elastic = elastic_fit.of(strategy)
-        if elastic is not None:
-            self.train_function = elastic.wrap(self.train_function, self, "train")
+        self.train_function = members_fit.of(strategy).wrap(self.train_function, self, "train")
         return self.train_function
 
     return make_train_function
@@ -109,9 +107,7 @@ def wrap_make_test_function(original):
                 if uneven.applies(strategy) else self.test_step)
         _build_with_step(self, strategy, "test_step", step,
                          lambda: original(self, force=force))
-        elastic = elastic_fit.of(strategy)
-        if elastic is not None:
-            self.test_function = elastic.wrap(self.test_function, self, "test")
+        self.test_function = members_fit.of(strategy).wrap(self.test_function, self, "test")
         return self.test_function
 
     return make_test_function
@@ -159,11 +155,9 @@ def wrap_fit(original):
         if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
-        extra = strategy.fit_callbacks()
+        members = members_fit.of(strategy)
+        extra = strategy.fit_callbacks() + members.fit_callbacks(self)
         args = list(args)
-        elastic = elastic_fit.of(strategy)
-        if elastic is not None:
-            extra = extra + elastic.fit_callbacks(self)
         _check_data_order(strategy, args, kwargs)
         for position, name in ((0, "x"), (7, "validation_data")):
             _replace_argument(args, kwargs, position, name,
@@ -180,14 +174,13 @@ def wrap_fit(original):
                 backups = [c for c in callbacks or []
                            if isinstance(c, keras.callbacks.BackupAndRestore)]
                 stop = [preemption.StopOnPreemption(strategy, backups)]
-                if strategy.num_workers > 1 and elastic is None:
+                if strategy.num_workers > 1 and not members.changes:
                     stop.append(stop_training.AgreeOnStop(strategy))
                 if len(args) > 5:
                     args[5] = list(args[5] or []) + stop
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
-            if elastic is not None:
-                _begin_elastic_fit(elastic, self, args, kwargs)
+            _begin_fit(members, self, args, kwargs)
             try:
                 with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
                     return original(self, *args, **kwargs)
@@ -201,10 +194,10 @@ def wrap_fit(original):
     return fit
 
 
-def _begin_elastic_fit(elastic, model, args, kwargs):
-    """`ElasticFit.begin_fit` with fit's callbacks and initial epoch, wherever passed."""
+def _begin_fit(members, model, args, kwargs):
+    """`members.begin_fit` with fit's callbacks and initial epoch, wherever passed."""
     positional = len(args) > 5  # x, y, batch_size, epochs, verbose, callbacks, ...
-    callbacks, epoch = elastic.begin_fit(
+    callbacks, epoch = members.begin_fit(
         model, args[5] if positional else kwargs.get("callbacks"))
     if positional:
         args[5] = callbacks
@@ -240,10 +233,9 @@ def wrap_inference(original):
         if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
-        elastic = elastic_fit.of(strategy)
-        if elastic is not None:
-            # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`.
-            elastic.begin_inference(self, within_fit=bool(kwargs.get("_use_cached_eval_dataset")))
+        # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`.
+        members_fit.of(strategy).begin_inference(
+            self, within_fit=bool(kwargs.get("_use_cached_eval_dataset")))
         args = list(args)
         _replace_argument(args, kwargs, 0, "x",
                           lambda data: local_input.common_length(data, strategy))

@@ -1,8 +1,10 @@
-"""What `fit`, `evaluate` and `predict` do differently under elastic training, in one
-object: `tfdist_ext.keras.fit_hooks` asks `of(strategy)` and, when it gets an
-`ElasticFit`, calls it at four points (the callbacks fit adds, the set-up before
-Keras' fit, the wrapping of the train and test functions, the start of an
-evaluation); it knows nothing else of elastic training.
+"""What `fit`, `evaluate` and `predict` do for the job's members, in one object: the
+Keras side of the elastic seam (`tfdist_ext.elastic.seam` is the strategy's).
+`tfdist_ext.keras.fit_hooks` asks `of(strategy)` and calls what it gets at four
+points (the callbacks fit adds, the set-up before Keras' fit, the wrapping of the
+train and test functions, the start of an evaluation): `FixedFit` changes nothing,
+`ElasticFit` (a `tfdist_ext.Strategy(elastic=...)`) survives deaths and takes in
+replacements. fit_hooks knows nothing else of elastic training.
 
 The step-level work (a failed step discarded, the survivors' recovery, a
 replacement's admission) is `tfdist_ext.keras.elastic_steps`; the membership
@@ -10,7 +12,6 @@ itself is the strategy's `elastic.recovery.Recovery`.
 """
 
 import logging
-from typing import Optional
 
 import keras
 
@@ -20,10 +21,31 @@ from tfdist_ext.keras import callback_state, elastic_steps
 log = logging.getLogger("tfdist_ext")
 
 
-def of(strategy) -> Optional["ElasticFit"]:
-    """The elastic side of `strategy`'s fit, or None (not ours, or not elastic)."""
+def of(strategy):
+    """What `strategy`'s members need of Keras: an `ElasticFit` under elastic
+    training, else a `FixedFit`."""
     ours = frontends.our_strategy(strategy)
-    return None if ours is None or ours.elastic is None else ElasticFit(ours)
+    return FixedFit() if ours is None or ours.elastic is None else ElasticFit(ours)
+
+
+class FixedFit:
+    """Keras' entry points when every worker stays for the whole job: as they are."""
+
+    changes = False
+    """Whether the members may change during fit (workers cannot then agree to
+    stop at a common step by a collective between steps)."""
+
+    def fit_callbacks(self, model) -> list:  # pylint: disable=unused-argument
+        return []
+
+    def begin_fit(self, model, callbacks):  # pylint: disable=unused-argument
+        return callbacks, None
+
+    def wrap(self, function, model, phase: str):  # pylint: disable=unused-argument
+        return function
+
+    def begin_inference(self, model, within_fit: bool):  # pylint: disable=unused-argument
+        pass
 
 
 class ElasticFit:
@@ -32,6 +54,8 @@ class ElasticFit:
     Args:
         strategy: The `tfdist_ext.Strategy`, whose `elastic` is not None.
     """
+
+    changes = True
 
     def __init__(self, strategy):
         self._strategy = strategy
