@@ -49,7 +49,6 @@ def test_the_strategy_and_keras_reach_elastic_training_only_through_the_seam():
 ELASTIC_NAMED_IN = {
     "strategy.py": "the public argument `elastic=`, its options and building the seam",
     "early.py": "asks the seam how this worker starts (elastic.starting)",
-    "startup.py": "the start-up watch's message names the replacements' UDP beacon",
     "keras/members_fit.py": "the Keras side of the seam (ElasticFit)",
     "keras/elastic_steps.py": "the step-level work behind ElasticFit",
     "launch/cli.py": "tfdist-run --elastic",

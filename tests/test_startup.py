@@ -11,6 +11,7 @@ import pytest
 import tfdist_ext
 from conftest import ROOT
 from tfdist_ext import startup
+from tfdist_ext.elastic import starting
 from tfdist_ext.launch import free_ports, tf_configs
 
 PROGRAM = "import tfdist_ext; tfdist_ext.Strategy(startup_timeout=6); print('joined')"
@@ -53,8 +54,10 @@ def test_the_message_names_silent_peers_or_a_cluster_mismatch():
     assert "within 5 s: no answer from worker 2 (c:3)." in text
     assert "same TF_CONFIG" in startup.message(5, tasks, [])
     assert "UDP" not in startup.message(5, tasks, [])
-    assert "no member answered its query on UDP" in startup.message(5, tasks, [], elastic=True)
-    assert "UDP" not in startup.message(5, tasks, [tasks[2]], elastic=True)
+    hint = starting.startup_hint({"TFDIST_ELASTIC": "1"})
+    assert starting.startup_hint({}) == ""
+    assert "no member answered its query on UDP" in startup.message(5, tasks, [], hint)
+    assert "UDP" not in startup.message(5, tasks, [tasks[2]], hint)
 
 
 def test_silent_finds_a_closed_port_and_not_an_open_one():

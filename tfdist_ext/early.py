@@ -69,7 +69,7 @@ def prepare() -> bool:
     share_cores(spec)
     frontends.get().prepare_workers(spec.worker_addresses)
     atexit.register(_finish_together, spec)
-    startup.watch_import(spec)
+    startup.watch_import(spec, starting.startup_hint())
     threading.Thread(target=_stop_when_joined, name="tfdist-join-watch",
                      daemon=True).start()
     return True

@@ -49,13 +49,12 @@ def silent(tasks, connect_seconds: float = 1.0) -> List[Tuple[str, int, str]]:
     return missing
 
 
-def message(seconds: float, tasks, missing, elastic: bool = False) -> str:
+def message(seconds: float, tasks, missing, hint: str = "") -> str:
     """What the watcher prints when the cluster did not come together in `seconds`.
 
-    With `elastic` (TFDIST_ELASTIC=1) and every port answering, it also names the
-    likelier cause: a worker started again while its job runs, whose query on UDP
-    no member answered, so that it tried to join TF's coordination service, which
-    refuses a second incarnation of a task it still counts as alive.
+    When every peer's port answers, `hint` (the caller's likelier cause for
+    such a job, e.g. `tfdist_ext.elastic.starting.startup_hint`) follows the
+    generic advice.
     """
     head = f"tfdist_ext.Strategy: the cluster did not come together within {seconds:g} s"
     if missing:
@@ -66,11 +65,7 @@ def message(seconds: float, tasks, missing, elastic: bool = False) -> str:
     names = ", ".join(f"{job} {index}" for job, index, _ in tasks)
     text = (f"{head}: every peer's port answers ({names}) but not all of them joined; "
             "check that every worker was given the same TF_CONFIG cluster.")
-    if elastic:
-        text += (" In elastic training this is also how a worker started again while its "
-                 "job runs ends when no member answered its query on UDP at their TF_CONFIG "
-                 "ports (`tfdist_ext.elastic.beacon`): let UDP through on those ports.")
-    return text
+    return f"{text} {hint}" if hint else text
 
 
 class Watch:
@@ -80,17 +75,16 @@ class Watch:
         seconds: The bound; 0 waits forever (no child is started).
         spec: The validated TF_CONFIG (`tfdist_ext.cluster.ClusterSpec`), or
             None; with None or a single worker there is nobody to wait for.
+        hint: Added to the message when every peer answers but the join did
+            not end (`message`).
     """
 
-    def __init__(self, seconds: float, spec):
+    def __init__(self, seconds: float, spec, hint: str = ""):
         self._child = None
         if not seconds or spec is None or spec.num_workers < 2:
             return
-        # This file runs as a standard-library script too: the import stays here.
-        from tfdist_ext.launch import elastic_env  # pylint: disable=import-outside-toplevel
         watch = {"seconds": seconds, "jobs": spec.jobs, "task_type": spec.task_type,
-                 "task_index": spec.task_index, "pid": os.getpid(),
-                 "elastic": os.environ.get(elastic_env.VARIABLE) == "1"}
+                 "task_index": spec.task_index, "pid": os.getpid(), "hint": hint}
         self._child = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(watch)],
             stdin=subprocess.PIPE)
@@ -108,10 +102,11 @@ class Watch:
 _import_watch: Optional[Watch] = None
 
 
-def watch_import(spec) -> None:
-    """Starts the import-time watch of a TF_CONFIG job (`DEFAULT_SECONDS`; one per process)."""
+def watch_import(spec, hint: str = "") -> None:
+    """Starts the import-time watch of a TF_CONFIG job (`DEFAULT_SECONDS`; one per
+    process); `hint` as in `Watch`."""
     global _import_watch  # pylint: disable=global-statement
-    _import_watch = Watch(DEFAULT_SECONDS, spec)
+    _import_watch = Watch(DEFAULT_SECONDS, spec, hint)
 
 
 def import_watched() -> bool:
@@ -132,7 +127,7 @@ def release() -> None:
 
 
 @contextlib.contextmanager
-def join_within(seconds: float, spec) -> Iterator[None]:
+def join_within(seconds: float, spec, hint: str = "") -> Iterator[None]:
     """Runs the body (the cluster join); kills this process if it outlasts `seconds`.
 
     Args:
@@ -140,8 +135,9 @@ def join_within(seconds: float, spec) -> Iterator[None]:
         spec: The validated TF_CONFIG (`tfdist_ext.cluster.ClusterSpec`), or
             None without one; with None or a single worker there is nobody
             to wait for and the body runs unwatched.
+        hint: As in `Watch`.
     """
-    watch = Watch(seconds, spec)
+    watch = Watch(seconds, spec, hint)
     try:
         yield
     finally:
@@ -154,7 +150,7 @@ def _watch(spec) -> None:
     if ended:
         return
     tasks = peers(spec["jobs"], spec["task_type"], spec["task_index"])
-    sys.stderr.write(message(spec["seconds"], tasks, silent(tasks), spec["elastic"]) + "\n")
+    sys.stderr.write(message(spec["seconds"], tasks, silent(tasks), spec["hint"]) + "\n")
     sys.stderr.flush()
     os.kill(spec["pid"], signal.SIGKILL)
 

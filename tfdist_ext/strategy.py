@@ -29,6 +29,7 @@ from tfdist_ext import (_compat, cluster, compression, coordination, early, fron
 from tfdist_ext.collectives import calibration, choice, ucx_engine
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.elastic import seam
+from tfdist_ext.elastic import starting
 from tfdist_ext.ops import _loader as ops_loader
 from tfdist_ext.ps import roles
 from tfdist_ext.registry import seconds
@@ -114,7 +115,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         # TF's CollectiveAllReduceExtended reads the key base off the container.
         self._collective_key_base = KEY_BASE + KEY_SPAN * next(Strategy._key_counter)
         early.release()  # this strategy's own startup_timeout bounds the join
-        with startup.join_within(startup_timeout, spec):
+        with startup.join_within(startup_timeout, spec, starting.startup_hint()):
             # Elastic always densifies: TF's collectives cannot change members.
             _compat.strategy_init(self, Extended(
                 self, config, devices, resolver,

@@ -49,3 +49,16 @@ def at_import(spec, environ=os.environ) -> Start:
     log.warning("tfdist_ext: worker %d starts while its job runs: it joins as a replacement.",
                 spec.task_index)
     return Start(recoverable=True, joining=True)
+
+
+def startup_hint(environ=os.environ) -> str:
+    """What `tfdist_ext.startup` adds to its timeout message in an elastic job
+    when every peer's port answers: the likelier cause is a worker started
+    again whose query no member answered, so that it tried to join TF's
+    coordination service, which refuses a second incarnation of a task it
+    still counts as alive."""
+    if environ.get(options_lib.VARIABLE) != "1":
+        return ""
+    return ("In elastic training this is also how a worker started again while its job "
+            "runs ends when no member answered its query on UDP at their TF_CONFIG ports "
+            "(`tfdist_ext.elastic.beacon`): let UDP through on those ports.")
