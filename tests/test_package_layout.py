@@ -34,7 +34,7 @@ KNOWN_STATE = {
         "each cross-device ops' traced broadcast of calibration values, weak: traced once",
     "tfdist_ext.collectives.ucx_engine:_engines":
         "rendezvous name -> UCX engine: TF's deep copies of the cross-device ops share it",
-    "tfdist_ext.collectives.ucx_engine:_aborts":
+    "tfdist_ext.collectives.ucx_aborts:_aborts":
         "(reason, later) of each abort of the process's UCX collectives (a peer found "
         "dead): a wire-up still waiting for that peer's address stops",
     "tfdist_ext.collectives.ucx_slots:_slots":
@@ -74,6 +74,8 @@ KNOWN_STATE = {
     "tfdist_ext.keras.local_input:_agreements": "numbers the input agreements, " + _SPMD,
     "tfdist_ext.keras.local_input:_chosen":
         "distributed dataset -> the dataset Keras iterates in its place; weak",
+    "tfdist_ext.keras.local_input:_last":
+        "strategy -> the distributed dataset its Keras epoch iterator read last; weak",
     "tfdist_ext.keras.moved_momentum:_moved":
         "id() of the optimizers whose momentum a running fit moved into the compressor",
     "tfdist_ext.keras.moved_momentum:_logged": "the strategies that logged that move; weak",

@@ -12,6 +12,10 @@ checked, in `tfdist_ext.keras.patches`, the one module that installs them.
 
 # pylint: disable=unused-import,g-direct-tensorflow-import
 
+import inspect
+
+import tensorflow as tf
+
 try:
     from tensorflow.python.distribute import collective_all_reduce_strategy
     from tensorflow.python.distribute import collective_util
@@ -292,6 +296,23 @@ def optimizer_slots(optimizer):
 def set_optimizer_strategy(optimizer, strategy):
     """Makes a Keras TF optimizer update through `strategy` (Keras reads it at construction)."""
     optimizer._distribution_strategy = strategy  # pylint: disable=protected-access
+
+
+def keras_iterator_function(function):
+    """The `tf.function` that Keras' train or test function calls with a
+    distributed iterator (`multi_step_on_iterator` of
+    `TensorFlowTrainer._make_function`), under wrappers made with
+    `functools.wraps`; None where it has none (`run_eagerly`, another Keras)."""
+    function = inspect.unwrap(function)
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if (isinstance(value, tf.types.experimental.PolymorphicFunction)
+                and getattr(value, "__name__", "") == "multi_step_on_iterator"):
+            return value
+    return None
 
 
 def set_initial_epoch(model, epoch):

@@ -111,7 +111,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         if not self._native_only:
             self.engines.check(config.allreduce)
 
-    def _make_parts(self, engine_role, kv=None, generation=None, calibration=None):
+    def _make_parts(self, engine_role, kv=None, generation=None, calibration=None, wire=True):
         """The parts this class delegates to, each in its own module."""
         config, group_size = self.config, self._group_size
         self.choice = choice.AlgorithmChoice(config.allreduce, group_size, len(self._devices),
@@ -122,9 +122,10 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             config.engine, self._devices, group_size, self.first_rank,
             self._pair_group_key_base, ucx_timeout_seconds=config.allreduce.timeout_seconds,
             graph_timeout_seconds=self._options.timeout_seconds, role=engine_role, kv=kv,
-            generation=generation)
+            generation=generation, wire=wire)
 
-    def reconfigure(self, worker_index: int, num_workers: int, generation: int, kv=None):
+    def reconfigure(self, worker_index: int, num_workers: int, generation: int, kv=None,
+                    wire: bool = True):
         """Goes on with another membership: `num_workers` workers, this one at `worker_index`.
 
         For elastic training (`tfdist_ext.elastic`) after a worker died: the
@@ -134,12 +135,14 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         another world size or rank must be traced again; those traced for this
         one run on the new communicators once they are wired up
         (`engines.main()`). The previous generation's communicators are
-        destroyed.
+        destroyed. With ``wire=False`` the communicators are not wired up:
+        functions can be traced for this membership, not run, until the next
+        `reconfigure` (`engines.Engines`' `wire`).
         """
         self._worker_index = worker_index
         self._group_size = num_workers * len(self._devices)
         previous = self.engines
-        self._make_parts(self._engine_role, kv, generation)
+        self._make_parts(self._engine_role, kv, generation, wire=wire)
         previous.close()
 
     @property

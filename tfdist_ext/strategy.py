@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfdist_ext import (_compat, cluster, compression, coordination, early, frontends,
                         reductions, startup)
-from tfdist_ext.collectives import calibration, choice, ucx_engine
+from tfdist_ext.collectives import calibration, choice, ucx_aborts
 from tfdist_ext.elastic import options as elastic_options
 from tfdist_ext.elastic import seam
 from tfdist_ext.elastic import starting
@@ -153,22 +153,22 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         return self.membership.recovery
 
     def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int,
-                            kv=None):
+                            kv=None, wire: bool = True):
         """Goes on as worker `worker_index` of `num_workers` (elastic training).
 
         The cross-device ops make new communicators (meeting through `kv`, as
-        `CrossDeviceOps.reconfigure`), datasets distributed from now on are
-        split among these workers, and worker 0 of them is the chief (it
-        checkpoints).
+        `CrossDeviceOps.reconfigure`; with ``wire=False`` not wired up, for
+        tracing only), datasets distributed from now on are split among these
+        workers, and worker 0 of them is the chief (it checkpoints).
         """
-        self.extended.reconfigure(worker_index, num_workers, generation, kv)
+        self.extended.reconfigure(worker_index, num_workers, generation, kv, wire)
 
     def _abort_collectives(self, reason, task=None):
         """Fails this worker's collectives on both engines (peer `task` is dead)."""
         del task
         _compat.abort_collective_ops(reason)
         if self._cross_ops.engines.engine == "ucx":
-            ucx_engine.abort(reason)
+            ucx_aborts.abort(reason)
 
     @property
     def _cross_ops(self):

@@ -122,16 +122,16 @@ class Extended(_compat.CollectiveAllReduceExtended):
         elastic job is ranked after the members, worker 0's included)."""
         self._is_chief = False
 
-    def reconfigure(self, worker_index, num_workers, generation, kv=None):
+    def reconfigure(self, worker_index, num_workers, generation, kv=None, wire=True):
         """Goes on as worker `worker_index` of `num_workers` (elastic training): TF's
         view of the cluster (input splitting, the chief) and the cross-device ops
-        (`CrossDeviceOps.reconfigure`)."""
+        (`CrossDeviceOps.reconfigure`, with its `wire`)."""
         self._num_workers = num_workers
         self._id_in_cluster = worker_index
         self._is_chief = worker_index == 0
-        self._cross_device_ops.reconfigure(worker_index, num_workers, generation, kv)
+        self._cross_device_ops.reconfigure(worker_index, num_workers, generation, kv, wire)
         if self._background_ops is not None:
-            self._background_ops.reconfigure(worker_index, num_workers, generation, kv)
+            self._background_ops.reconfigure(worker_index, num_workers, generation, kv, wire)
 
     @contextlib.contextmanager
     def compressing_gradients_with(self, compressor):

@@ -204,6 +204,38 @@ def test_a_function_traced_on_one_engine_runs_on_the_next_of_its_slot_key():
     assert gather.experimental_get_tracing_count() == 1
 
 
+@needs_ucx
+def test_a_function_traced_before_its_engine_is_wired_up_runs_once_it_is():
+    # An elastic replacement traces its step on communicators that meet no peer, then
+    # asks to join; the generation it joins wires up and takes over the same slots.
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:3]
+    unwired = ucx_engine.engine_for("unwired-test-g0", devices, 3, 0, slot_key="unwired-test",
+                                    wire=False)
+    assert ucx_engine.engine_for("unwired-test-g0", devices, 3, 0, slot_key="unwired-test",
+                                 wire=False) is not unwired  # not kept for later calls
+    current = {"engine": unwired}
+
+    @tf.function
+    def reduce():
+        engine = current["engine"]
+        out = []
+        for i in range(3):
+            with tf.device(engine.devices[i]):
+                out.append(engine.all_reduce(tf.fill([5], float(i + 1)), i, "ring"))
+        return out
+
+    reduce.get_concrete_function()  # traced, never run on the unwired communicators
+    unwired.close()
+    current["engine"] = ucx_engine.engine_for("unwired-test-g1", devices, 3, 0,
+                                              slot_key="unwired-test")
+    for result in reduce():
+        np.testing.assert_array_equal(result.numpy(), [6.0] * 5)
+    assert reduce.experimental_get_tracing_count() == 1
+    current["engine"].close()
+    with pytest.raises(ValueError, match=r"Argument `slot_key` is required with wire=False"):
+        ucx_engine.UcxEngine("unwired-test-x", devices, 3, 0, wire=False)
+
+
 def _threads():
     with open("/proc/self/status", encoding="ascii") as status:
         return int(next(line for line in status if line.startswith("Threads:")).split()[1])

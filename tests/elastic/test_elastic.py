@@ -235,11 +235,36 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
     # communicators); in another order they trace again.
     for w in survivors:
         assert results[w]["reused_functions"] == (1 if killed == 2 else 0), (w, results[w])
+    # The replacement traced its train function for the members it expected before it
+    # asked to join, and ran that trace: the members did not wait for it to trace.
+    assert results[killed]["rehearsed"] == survivors + [killed], results[killed]
+    assert results[killed]["train_traces"] == 1, results[killed]
     assert results[1]["loss"][-1] < results[1]["loss"][0]
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
         f"ckpt-{e}.weights.h5" for e in range(1, 5)]
     if model == "mlp":  # the same seed uninterrupted: within 1 point
         assert results[killed]["accuracy"] >= uninterrupted["accuracy"] - 0.01
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_replacements_that_traced_for_other_members_trace_again_and_all_end_alike(tmp_path):
+    # Workers 1 and 2 die at the same step and the launcher starts both again; each finds
+    # only worker 0 running and traces its step for [0, itself] before it asks. Admitted
+    # together, or one after the other, at least one joins other members than it traced
+    # for: a function traced for 2 ranks would pair wrongly with 3, so it traces again.
+    code, out, _ = launch(3, [WORKER, tmp_path, 1, 10, 3, "mlp", "two"], options=["--elastic"],
+                          timeout=240, extra_env={"WAIT_REJOIN": "1"})
+    assert code == 0, out[-4000:]
+    assert "worker 1 starts again" in out and "worker 2 starts again" in out, out[-4000:]
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
+    assert len({r["sha"] for r in results}) == 1
+    assert all(sorted(r["members"]) == [0, 1, 2] for r in results)
+    assert all(results[w]["rehearsed"][::len(results[w]["rehearsed"]) - 1] == [0, w]
+               for w in (1, 2)), results
+    assert "traced its step for members [0, " in out and "it traces again" in out, out[-4000:]
+    assert all(results[w]["train_traces"] == 1 for w in (1, 2)), results
 
 
 @pytest.mark.multiworker

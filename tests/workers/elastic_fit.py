@@ -21,7 +21,8 @@ once it has admitted the replacement, before that wire-up (OUT_DIR/leader_killed
 its address for their new communicators; "sigterm": as "train", but worker
 KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
 "sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
-test to continue it; "backup": as "train", and every worker has the user's
+test to continue it; "two": as "train", and worker KILL_WORKER + 1 (mod 3) is
+killed at the same step; "backup": as "train", and every worker has the user's
 `BackupAndRestore(OUT_DIR/backup)`, so that a replacement finds the backup of an
 earlier epoch at its start; "earlystop": as "train", and every worker has
 `ReduceLROnPlateau` and `EarlyStopping(restore_best_weights=True)` that lower the
@@ -192,13 +193,16 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
 
         strategy.reconfigure_workers = reconfigure_and_die
     kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
-                                      "sigterm", "sigstop", "backup", "earlystop") else phase
+                                      "sigterm", "sigstop", "backup", "earlystop",
+                                      "two") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
                                        phase=kill_phase)]
             if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut", "straggler")
             else [])
+    if phase == "two":
+        kill.append(tfdist_ext.elastic.KillAt((int(kill_worker) + 1) % 3, int(kill_step)))
     if phase == "straggler" and index == int(kill_worker):
         kill.append(keras.callbacks.LambdaCallback(  # slow from step KILL_STEP on
             on_train_batch_begin=lambda batch, logs: time.sleep(0.05)
@@ -238,6 +242,9 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
         json.dump({"pid_start": pid, "pid_end": os.getpid(),
                    "reused_functions": elastic_steps.reused_functions(model),
+                   "rehearsed": elastic_steps.rehearsed_for(model),
+                   "train_traces": tfdist_ext._compat.keras_iterator_function(  # pylint: disable=protected-access
+                       model.train_function).experimental_get_tracing_count(),
                    "sha": hashlib.sha256(weights).hexdigest(),
                    "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
                    "failures": recovery.failures, "members": list(recovery.members),

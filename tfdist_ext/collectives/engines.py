@@ -19,7 +19,7 @@ import threading
 import warnings
 
 from tfdist_ext.collectives import engine as graph_engine
-from tfdist_ext.collectives import ucx_engine
+from tfdist_ext.collectives import ucx_aborts, ucx_engine
 from tfdist_ext.ops import ucx as ucx_ops
 
 ENGINES = ("auto", "ucx", "tf")
@@ -78,12 +78,15 @@ class Engines:
         generation: An elastic job's membership count (None: not elastic): each
             generation's UCX communicators are new, and its ops run on the
             handle slots of the earlier generations' (`UcxEngine`'s `slot_key`).
+        wire: False: the UCX engines are not wired up, for tracing only
+            (`UcxEngine`'s `wire`).
     """
 
     def __init__(self, engine, devices, world_size, first_rank, pair_group_key_base, *,
                  ucx_timeout_seconds, graph_timeout_seconds, role="main", kv=None,
-                 generation=None):
+                 generation=None, wire=True):
         self.kv = kv
+        self.wire = wire
         self.generation = generation
         self.engine = engine
         self.devices = devices
@@ -95,7 +98,7 @@ class Engines:
         self.role = role
         self._main = None
         self._made = []  # UCX engines, for `close`
-        self._born = ucx_engine.abort_count()  # later aborts stop this generation's wire-ups
+        self._born = ucx_aborts.count()  # later aborts stop this generation's wire-ups
         self._lock = threading.Lock()
 
     def check(self, allreduce):
@@ -141,7 +144,7 @@ class Engines:
             made = ucx_engine.engine_for(rendezvous, self.devices, self.world_size,
                                          self.first_rank, slot_key=name,
                                          timeout_seconds=timeout, kv=self.kv,
-                                         born=self._born)
+                                         born=self._born, wire=self.wire)
             self._made.append(made)
             return made
         return graph_engine.GraphEngine(
@@ -152,7 +155,7 @@ class Engines:
         """Destroys the UCX communicators of an elastic generation's engines
         (`UcxEngine.close`) once the next generation's engines replace them;
         a job that is not elastic keeps its engines for the process's life."""
-        if self.generation is None:
+        if self.generation is None and self.wire:
             return
         with self._lock:
             made, self._made, self._main = self._made, [], None

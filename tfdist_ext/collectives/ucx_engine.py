@@ -71,7 +71,7 @@ import threading
 import tensorflow as tf
 
 from tfdist_ext import _compat, coordination
-from tfdist_ext.collectives import gather, ucx_host, ucx_slots, verify
+from tfdist_ext.collectives import gather, ucx_aborts, ucx_host, ucx_slots, verify
 from tfdist_ext.collectives.schedule import encode, schedule_fn
 from tfdist_ext.ops import ucx as ucx_ops
 
@@ -79,23 +79,7 @@ SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, t
 HOST_SUM_MIN_BYTES = 1 << 20  # smaller all-reduces run the (latency-optimal) schedules
 _RENDEZVOUS_SECONDS = 300
 _engines = {}  # rendezvous name -> UcxEngine: deep copies of the cross-device ops share it
-_aborts = []  # (reason, later) of each `abort`: a wire-up waiting for a dead peer stops
 _engines_lock = threading.Lock()  # eager reductions create it from one thread per replica
-
-
-def abort(reason: str, later: bool = True):
-    """Fails the UCX collectives of this process with `reason` (`tfdist_ext.liveness`
-    calls it when a peer is dead): every one, now and later, or with
-    ``later=False`` those of the communicators that exist now (elastic
-    training goes on with new ones)."""
-    _aborts.append((reason, later))
-    with tf.device("/cpu:0"):
-        ucx_ops.load().tfdist_ucx_abort(reason, later=later)
-
-
-def abort_count() -> int:
-    """How many times `abort` was called in this process (a `UcxEngine`'s `born`)."""
-    return len(_aborts)
 
 
 def load_library():
@@ -104,9 +88,11 @@ def load_library():
     ucx_ops.load()
 
 
-def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
+def engine_for(name, devices, world_size, first_rank, slot_key=None, wire=True, **options):
     """The process's `UcxEngine` called `name`, created (and wired up) on first use;
-    its ops run on the handle slots of `slot_key` (default: `name`; `ucx_slots`)."""
+    its ops run on the handle slots of `slot_key` (default: `name`; `ucx_slots`).
+    With ``wire=False`` a new engine that is not wired up (`UcxEngine`'s
+    `wire`) and not kept for later calls."""
     in_process = os.environ.get("TFDIST_UCX_IN_PROCESS", "1") != "0"
     slot_key = name if slot_key is None else slot_key
     if not in_process and world_size == len(devices):  # the names of rendezvous keys:
@@ -114,6 +100,9 @@ def engine_for(name, devices, world_size, first_rank, slot_key=None, **options):
     shared_memory = os.environ.get("TFDIST_UCX_SHARED_MEMORY", "1") != "0"
     if os.environ.get(ucx_ops.SPIN_VARIABLE):
         options.setdefault("spin_us", ucx_ops.spin_from_environment())
+    if not wire:
+        return UcxEngine(name, devices, world_size, first_rank, in_process=in_process,
+                         shared_memory=shared_memory, slot_key=slot_key, wire=False, **options)
     with _engines_lock:
         if name not in _engines:
             _engines[name] = UcxEngine(name, devices, world_size, first_rank,
@@ -145,22 +134,32 @@ class UcxEngine:
         slot_key: The ops address the communicators through the handle slots
             of this key (`ucx_slots`), which this engine takes over once wired
             up; None: through the communicators' own handles.
-        born: `abort_count()` when the membership it wires up was decided: a
-            later `abort` (a peer found dead) stops its wait for the peers'
-            addresses (None: now).
+        born: `ucx_aborts.count()` when the membership it wires up was decided:
+            a later `ucx_aborts.abort` (a peer found dead) stops its wait for the
+            peers' addresses (None: now).
+        wire: False makes this process's communicators without meeting the
+            peers: functions can be traced on its ops, which must not run,
+            and the next wired engine of the same `slot_key` takes its slots
+            over (an elastic replacement traces its step before it asks to
+            join). Needs `slot_key`.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
         tf.errors.UnavailableError: wire-up failed (names the cause).
-        tf.errors.AbortedError: `abort` was called while it waited for a peer.
+        tf.errors.AbortedError: `ucx_aborts.abort` was called while it waited for
+            a peer.
     """
 
     def __init__(self, name, devices, world_size, first_rank, timeout_seconds=30.0,
                  segment_bytes=1 << 20, spin_us=200, in_process=True, shared_memory=True,
-                 kv=None, shared_output_bytes=256 << 20, slot_key=None, born=None):
+                 kv=None, shared_output_bytes=256 << 20, slot_key=None, born=None,
+                 wire=True):
+        if not wire and slot_key is None:
+            raise ValueError("Argument `slot_key` is required with wire=False: only a "
+                             "slot can be taken over by the engine that is wired later.")
         self._ops = ucx_ops.load()
         self._kv = kv or coordination.KeyValue()
-        self._born = len(_aborts) if born is None else born
+        self._born = ucx_aborts.count() if born is None else born
         self.name = name
         self.devices = tuple(devices)
         self.world_size = world_size
@@ -181,6 +180,11 @@ class UcxEngine:
                     shared_output_bytes=int(shared_output_bytes))
                 self._handles.append(int(handle))
                 addresses.append(address.numpy())
+            if not wire:
+                self.on_host = False
+                self._op_handles = ucx_slots.take_over(self._ops, slot_key, world_size,
+                                                       first_rank, self._handles)
+                return
             everyone = self._exchange(addresses)
             for handle in self._handles:
                 self._ops.tfdist_ucx_connect(handle, tf.constant(everyone))
@@ -219,14 +223,14 @@ class UcxEngine:
 
     def _exchange(self, mine, topic="address"):
         """Every rank's bytes for `topic`, in rank order (KV store across workers); the
-        wait stops when `abort` fails this engine meanwhile (a dead peer never sends)."""
+        wait stops when `ucx_aborts.abort` fails this engine meanwhile (a dead peer
+        never sends)."""
         if len(mine) == self.world_size:
             return list(mine)
         return coordination.exchange_ranks(
             f"tfdist_ext/ucx/{self.name}/{topic}", mine, self.first_rank, self.world_size,
             self._kv, _RENDEZVOUS_SECONDS,
-            lambda: next((reason for i, (reason, later) in enumerate(_aborts)
-                          if later or i >= self._born), None))
+            lambda: ucx_aborts.failed_since(self._born))
 
     def _plan(self, kind, algorithm, rank, n):
         key = (kind, algorithm, rank, n)

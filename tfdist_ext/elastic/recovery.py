@@ -1,40 +1,29 @@
 """What survivors do when a worker dies during `fit` (`Strategy(elastic=True)`).
 
-The anchor is torchft's per-step fault tolerance (pytorch/torchft, 2025): a failed
-step is discarded, the survivors form a new quorum and go on in the same processes:
+As torchft's per-step fault tolerance (pytorch/torchft, 2025), a failed step is
+discarded and the survivors go on in the same processes:
 
-1. Detect: the dead-peer watcher (`tfdist_ext.liveness`) finds a killed or
-   stopped worker within about a second and aborts the UCX communicators that
-   exist (new ones work): the step in flight fails at once on every survivor
-   (one whose step had finished fails in its next).
-2. Discard: the failed step's batch is consumed and its update not trusted
-   (a survivor may have applied it, another not: step 5 makes them equal).
-3. Agree: the survivors health-check the members, report what they found
-   and how many steps they ran, and the first survivor in rank order announces
-   the new membership (`membership.agree`, in its key-value store, `store.py`:
-   TF's coordination service dies with worker 0). Fewer than `min_workers`
-   stops every survivor with an error naming the missing ones.
-4. Rebuild: each survivor's cross-device ops take the new world size and
-   rank and make new communicators (`CrossDeviceOps.reconfigure`); Keras'
-   functions are traced again, or reused when the members are ones this worker
-   had, in the same order (`keras.elastic_steps`).
-5. Agree on state: the new rank 0 broadcasts the model's and the optimizer's
-   variables, so all members hold the same weights whichever applied the failed
-   step; survivors that ran fewer steps skip the difference. A new rank 0 becomes
-   the chief: Keras' file-writing callbacks write from it (`keras.worker_callbacks`).
+1. Detect: the dead-peer watcher (`tfdist_ext.liveness`) finds a killed or stopped
+   worker within about a second and aborts the UCX communicators that exist: the
+   step in flight fails on every survivor (one whose step had finished, in its next).
+2. Discard: the failed step's batch is consumed and its update not trusted.
+3. Agree: the survivors health-check the members and report what they found and
+   their step counts; the first survivor in rank order announces the membership
+   (`membership.agree`, in its store, `store.py`: TF's coordination service dies
+   with worker 0). Fewer than `min_workers` stops every survivor, naming the missing.
+4. Rebuild: new communicators for the new world size and rank
+   (`CrossDeviceOps.reconfigure`); Keras' functions traced again, or reused for
+   members this worker had, in the same order (`keras.elastic_steps`).
+5. Agree on state: the new rank 0 broadcasts the model's and optimizer's variables;
+   survivors that ran fewer steps skip the difference. A new rank 0 is the chief.
 
-Through `tfdist_ext.keras.local_input` the survivors split each global batch
-(a dead worker's shard is trained on too); the gradient is the mean over the
-members' samples. A failed test step's batch is left out of the metrics.
-
-A replacement (the dead worker's script started again with its TF_CONFIG)
-finds the members (`beacon`), asks to join and waits (`join`, `joining`); the
-members agree to admit it after the same step (`admission`, `admit`): a new
-generation with the replacement ranked last (the chief stays the chief), rank
-0's state broadcast to everyone (`state`), and the replacement's `fit` resumes
-at the members' epoch and batch. A death during a recovery or an admission
-makes the survivors agree again (`recover`, `recover_and_share`). A worker sent
-SIGTERM, or found a straggler (`stragglers`), leaves after a step (`leaving`).
+The survivors split each global batch (`keras.local_input`), so no shard is lost.
+A replacement (the dead worker's script started again) finds the members
+(`beacon`), asks to join and waits (`join`, `joining`); they admit it after the
+same step (`admission`, `admit`): a new generation with it ranked last, rank 0's
+state broadcast, and its `fit` resumes at their epoch and batch. A death during a
+recovery or an admission makes the survivors agree again (`recover`,
+`recover_and_share`). A worker sent SIGTERM, or a straggler, leaves (`leaving`).
 """
 
 import contextlib
@@ -48,7 +37,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from tfdist_ext import _compat, liveness
-from tfdist_ext.collectives import ucx_engine
+from tfdist_ext.collectives import ucx_aborts, ucx_engine
 from tfdist_ext.elastic import (admission, beacon, fencing, health, joining, membership,
                                 state_sync, store, stragglers)
 
@@ -77,6 +66,9 @@ class Recovery:
         leaves: One dict per departure (`leaving`): "generation", "step", "left",
             "members", "time" and "reason".
         replacement: Whether this process joined a running job (a replacement).
+        found: The members a replacement's query found running at its start.
+        rehearsing: A replacement traces its step as a member before it joins
+            (`rehearsal`).
         join_flag, join_agreed: float32 variables: a join request this worker
             (the members' leader) saw, and the members' sum of it in the last
             step (`admission.Requests`).
@@ -112,10 +104,12 @@ class Recovery:
         # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
         self.catching_up = False  # joined, but the members' fit is ahead of this one's
+        self.rehearsing = False  # a replacement traces as a member before it joins
         self._stores, running = joining.stores_at_start(self._prefix, self.me, self.members,
                                                         self._store.address)
         self.joining = self.replacement = running is not None
         self._join_order = list(running or self.members)  # whose stores a replacement asks
+        self.found = tuple(running or ())
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         self._requests = admission.Requests(
             self._store, self._prefix, lambda: self.members,
@@ -271,13 +265,13 @@ class Recovery:
                                          liveness.frozen_seconds() or 0.0, self._running)
             except membership.MembershipError as removed:
                 self.frozen = removed
-                ucx_engine.abort(reason, later=False)
+                ucx_aborts.abort(reason, later=False)
             return
         kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
         with self._lock:
             self._reported_dead.update((w, kind) for w in dead)
             if dead & set(self.members):
-                ucx_engine.abort(reason, later=False)
+                ucx_aborts.abort(reason, later=False)
 
     def between_steps(self, run, alone):
         """`run()`, an eager collective outside Keras' step functions (Keras reading its

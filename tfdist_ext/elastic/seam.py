@@ -121,7 +121,8 @@ class Elastic:
 
     @property
     def behind(self) -> bool:
-        return self.recovery.joining or self.recovery.catching_up
+        recovery = self.recovery
+        return (recovery.joining and not recovery.rehearsing) or recovery.catching_up
 
     @property
     def changed(self) -> bool:

@@ -12,7 +12,8 @@ while theirs had finished) then skips as many calls, consuming their
 batches without training, so that all members' steps pair up again until the
 end of `fit`. After a step that carried a stop request (SIGTERM), the worker
 that got it leaves and the others go on (`tfdist_ext.elastic.leaving`). A
-replacement worker joins the running job as its `fit` begins (`Join`).
+replacement worker joins the running job as its `fit` begins
+(`tfdist_ext.keras.members_fit.Join`).
 """
 
 import functools
@@ -23,7 +24,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist_ext import _compat, liveness
+from tfdist_ext import liveness
 from tfdist_ext.elastic import leaving
 from tfdist_ext.keras import callback_state
 
@@ -60,6 +61,7 @@ class _Functions:
         self.made = {}  # (phase, members) -> wrapped function
         self.current = {}  # phase -> the members its function was made for
         self.reused = 0  # functions taken from `made` instead of traced again
+        self.rehearsed = None  # the members a replacement traced for before it joined
 
 
 def _membership(strategy):
@@ -80,11 +82,23 @@ def track_callbacks(model, callbacks):
     _callbacks[model] = list(getattr(callbacks, "callbacks", callbacks) or [])
 
 
+def tracked_callbacks(model) -> list:
+    """The callbacks of `model`'s running `fit` (`track_callbacks`)."""
+    return _callbacks.get(model, [])
+
+
 def reused_functions(model) -> int:
     """How many times a membership change found this model's functions for the new
     membership already traced (since the running `fit` or `evaluate` started)."""
     functions = _functions.get(model)
     return 0 if functions is None else functions.reused
+
+
+def rehearsed_for(model):
+    """The members this replacement traced `model`'s train function for before it
+    joined (`members_fit.rehearse`), if it did in the running `fit`, else None."""
+    functions = _functions.get(model)
+    return None if functions is None else functions.rehearsed
 
 
 def wrap(train_function, model, strategy, phase="train"):
@@ -109,7 +123,7 @@ def wrap(train_function, model, strategy, phase="train"):
         recovery.catching_up = False  # the fit-start meetings are behind
         if recovery.state_stale:  # a death between steps (`Recovery.between_steps`)
             recovery.state_stale = False
-            _retrace(model)
+            retrace(model)
             recovery.broadcast_state(state(model))
             again = model.train_function if phase == "train" else model.test_function
             return again(iterator)  # Keras' function traced again (wrapped again)
@@ -152,7 +166,7 @@ def wrap(train_function, model, strategy, phase="train"):
                 callbacks = _callbacks.get(model, [])
                 if recovery.members[0] == recovery.me:
                     callback_state.publish(recovery.kv(), recovery.generation, callbacks)
-                _retrace(model)
+                retrace(model)
                 recovery.broadcast_state(state(model))
                 callback_state.share_best_weights(recovery.broadcast_state, model,
                                                   callback_state.keeping_weights(callbacks),
@@ -222,7 +236,7 @@ def _leave(recovery, model, progress, preemption):
         progress.stop_everyone = True
         return
     preemption.agreed.assign(0.0)
-    _retrace(model)
+    retrace(model)
 
 
 def _metric_logs(model, strategy):
@@ -238,12 +252,22 @@ def _metric_logs(model, strategy):
 
 def _recover(recovery, model, progress, err):
     progress.skip = recovery.recover_and_share(err, progress.steps, lambda: state(model),
-                                               lambda: _retrace(model))
+                                               lambda: retrace(model))
 
 
 def state(model):
     """What a new member must receive: the model's and the optimizer's variables."""
     return list(model.variables) + list(model.optimizer.variables)
+
+
+def joined(model, rehearsed):
+    """A replacement was just admitted (`members_fit.join`): the functions made
+    before the join count as made for the members it joined, traced for them by
+    `rehearse` (`rehearsed`, the members it traced for; None: not traced yet)."""
+    functions = _functions.setdefault(model, _Functions())
+    functions.rehearsed = rehearsed
+    for phase in functions.current:
+        functions.current[phase] = _membership(model.distribute_strategy)
 
 
 def resume(model, steps, test_steps, skip):
@@ -253,72 +277,6 @@ def resume(model, steps, test_steps, skip):
     train = progress.setdefault("train", _Progress())
     train.steps, train.skip = steps - skip, skip  # each skipped call counts
     progress.setdefault("test", _Progress()).steps = test_steps
-
-
-class Join(keras.callbacks.Callback):
-    """A replacement worker joins the running job as its `fit` begins (the last
-    callback's `on_train_begin`): it asks the members to take it in, receives their
-    model and optimizer state, and resumes at their epoch and batch.
-
-    Keras has by then built the model, distributed the dataset and made the train
-    function, so the members, who wait for the replacement in their next step,
-    wait only for its first step; and a `BackupAndRestore` the script also passes
-    has restored its backup first, which the members' state then replaces, as the
-    members' `EarlyStopping`, `ReduceLROnPlateau` and `ModelCheckpoint` counters
-    replace its callbacks' fresh ones (`callback_state`).
-    """
-
-    def __init__(self, recovery):
-        super().__init__()
-        self.recovery = recovery
-        self._epoch_before = None
-        self._set = False
-
-    def on_train_begin(self, logs=None):
-        admission = join(self.model, self.recovery)
-        take_callback_state(self.model, self.recovery, admission)
-        self._epoch_before = _compat.set_initial_epoch(self.model, admission["epoch"])
-        self._set = True
-
-    def on_train_end(self, logs=None):
-        if self._set:
-            _compat.set_initial_epoch(self.model, self._epoch_before)
-            self._set = False
-
-
-def join(model, recovery) -> dict:
-    """A replacement joins (`Recovery.join`) with `model`'s state; its step counts
-    become the members' (`resume`). Returns the admission."""
-    if not model.optimizer.built:
-        with model.distribute_strategy.scope():
-            model.optimizer.build(model.trainable_variables)
-    admission = recovery.join(state(model))
-    resume(model, admission["steps"], admission["test_steps"], admission["batch"])
-    functions = _functions.get(model)
-    if functions is not None:  # made before the join, traced at their first call
-        for phase in functions.current:
-            functions.current[phase] = _membership(model.distribute_strategy)
-    return admission
-
-
-def take_callback_state(model, recovery, admission):
-    """A replacement just admitted (`join`): the members' callback counters and kept
-    weights (`callback_state`) on the callbacks of its `fit`, unless a member died
-    during the admission (then they start afresh)."""
-    if recovery.generation != admission["generation"]:
-        log.warning("tfdist_ext: a member died as this worker joined: its callbacks "
-                    "(EarlyStopping, ReduceLROnPlateau) start afresh.")
-        return
-    keeping = callback_state.receive(recovery.kv(), admission["generation"],
-                                     _callbacks.get(model, []))
-    try:
-        callback_state.share_best_weights(recovery.broadcast_state, model, keeping,
-                                          receiving=True)
-    except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died
-        log.warning("tfdist_ext: a member died as this worker received the kept weights "
-                    "of EarlyStopping(restore_best_weights=True): %s", err)
-        recovery.recover_and_share(err, admission["steps"], lambda: state(model),
-                                   lambda: _retrace(model))
 
 
 class Position(keras.callbacks.Callback):
@@ -342,7 +300,7 @@ def _batches_per_call(model):
     return 1 if value is None else value
 
 
-def _retrace(model):
+def retrace(model):
     """Keras' functions for the new membership (the ones a running `fit` or `evaluate`
     calls again at once; the others when next used): those made before for the same
     members in the same order (`_Functions`), else new ones, traced at their first

@@ -49,6 +49,7 @@ from tfdist_ext import _compat, frontends
 log = logging.getLogger("tfdist_ext")
 _agreements = itertools.count()  # the same sequence on every worker (SPMD)
 _chosen = weakref.WeakKeyDictionary()  # distributed dataset -> what Keras iterates
+_last = weakref.WeakKeyDictionary()  # strategy -> its epoch iterator's last `_chosen` key
 _SPLITTABLE = (tf.data.experimental.AutoShardPolicy.AUTO,
                tf.data.experimental.AutoShardPolicy.DATA)
 
@@ -66,9 +67,18 @@ def wrap_get_iterator(original):
             _chosen[distributed] = _local_dataset(
                 distributed, self._distribute_strategy,  # pylint: disable=protected-access
                 user_made=user_made)
+        _last[self._distribute_strategy] = weakref.ref(distributed)  # pylint: disable=protected-access
         return _chosen[distributed]
 
     return get_iterator
+
+
+def last_input(strategy):
+    """What Keras' epoch iterator under `strategy` last iterated (a plain or a
+    distributed dataset), while Keras keeps it, else None: an elastic
+    replacement traces its train function on it before it joins."""
+    distributed = _last.get(strategy, lambda: None)()
+    return None if distributed is None else _chosen.get(distributed)
 
 
 def _local_dataset(distributed, strategy, user_made):

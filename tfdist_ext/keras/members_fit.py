@@ -6,17 +6,21 @@ train and test functions, the start of an evaluation): `FixedFit` changes nothin
 `ElasticFit` (a `tfdist_ext.Strategy(elastic=...)`) survives deaths and takes in
 replacements. fit_hooks knows nothing else of elastic training.
 
-The step-level work (a failed step discarded, the survivors' recovery, a
-replacement's admission) is `tfdist_ext.keras.elastic_steps`; the membership
-itself is the strategy's `elastic.recovery.Recovery`.
+A replacement joins here (`Join`, `join`); the step-level work (a failed step
+discarded, the survivors' recovery, the members' side of an admission) is
+`tfdist_ext.keras.elastic_steps`; the membership itself is the strategy's
+`elastic.recovery.Recovery`.
 """
 
 import logging
+import time
 
 import keras
+import tensorflow as tf
 
-from tfdist_ext import frontends
-from tfdist_ext.keras import callback_state, elastic_steps
+from tfdist_ext import _compat, frontends
+from tfdist_ext.elastic import rehearsal
+from tfdist_ext.keras import callback_state, elastic_steps, local_input
 
 log = logging.getLogger("tfdist_ext")
 
@@ -72,7 +76,7 @@ class ElasticFit:
         `CallbackList`), whose state a later replacement receives.
 
         A replacement joins in the last callback's `on_train_begin`
-        (`elastic_steps.Join`), or here when the callbacks are a `CallbackList`
+        (`Join`), or here when the callbacks are a `CallbackList`
         (then `fit` begins at the members' epoch, and the callbacks' own
         `on_train_begin` resets the counters `callback_state` set).
 
@@ -84,7 +88,7 @@ class ElasticFit:
             if isinstance(callbacks, keras.callbacks.CallbackList):
                 epoch = self._join_now(model, callbacks)
             else:
-                callbacks = list(callbacks or []) + [elastic_steps.Join(self._recovery)]
+                callbacks = list(callbacks or []) + [Join(self._recovery)]
         elastic_steps.track_callbacks(model, callbacks)
         return callbacks, epoch
 
@@ -99,12 +103,113 @@ class ElasticFit:
             elastic_steps.forget(model)
 
     def _join_now(self, model, callbacks) -> int:
-        admission = elastic_steps.join(model, self._recovery)
+        admission = join(model, self._recovery)
         elastic_steps.track_callbacks(model, callbacks)
-        elastic_steps.take_callback_state(model, self._recovery, admission)
+        take_callback_state(model, self._recovery, admission)
         if callback_state.counters(callbacks.callbacks):
             log.warning("tfdist_ext: fit's callbacks are a CallbackList: this replacement "
                         "joined before Keras' set-up, and their on_train_begin starts "
                         "EarlyStopping, ReduceLROnPlateau and ModelCheckpoint afresh; pass a "
                         "list to continue the members' counts.")
         return admission["epoch"]
+
+
+class Join(keras.callbacks.Callback):
+    """A replacement worker joins the running job as its `fit` begins (the last
+    callback's `on_train_begin`): it asks the members to take it in, receives their
+    model and optimizer state, and resumes at their epoch and batch.
+
+    Keras has by then built the model, distributed the dataset and made the train
+    function, so the members, who wait for the replacement in their next step,
+    wait only for its first step; and a `BackupAndRestore` the script also passes
+    has restored its backup first, which the members' state then replaces, as the
+    members' `EarlyStopping`, `ReduceLROnPlateau` and `ModelCheckpoint` counters
+    replace its callbacks' fresh ones (`callback_state`).
+    """
+
+    def __init__(self, recovery):
+        super().__init__()
+        self.recovery = recovery
+        self._epoch_before = None
+        self._set = False
+
+    def on_train_begin(self, logs=None):
+        admission = join(self.model, self.recovery)
+        take_callback_state(self.model, self.recovery, admission)
+        self._epoch_before = _compat.set_initial_epoch(self.model, admission["epoch"])
+        self._set = True
+
+    def on_train_end(self, logs=None):
+        if self._set:
+            _compat.set_initial_epoch(self.model, self._epoch_before)
+            self._set = False
+
+
+def join(model, recovery) -> dict:
+    """A replacement joins (`Recovery.join`) with `model`'s state; its step counts
+    become the members' (`elastic_steps.resume`). Returns the admission.
+
+    Its train function is traced first for the members it expects (`rehearse`);
+    if it is given others, the function is made again, to be traced at its first
+    call.
+    """
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    rehearsed = rehearse(model, recovery)
+    admission = recovery.join(elastic_steps.state(model))
+    elastic_steps.resume(model, admission["steps"], admission["test_steps"],
+                         admission["batch"])
+    members = tuple(recovery.members)
+    if rehearsed is not None and rehearsed != members:
+        log.warning("tfdist_ext: worker %d traced its step for members %s but joined %s: "
+                    "it traces again.", recovery.me, list(rehearsed), list(members))
+        model.make_train_function(force=True)
+    elastic_steps.joined(model, rehearsed)
+    return admission
+
+
+def rehearse(model, recovery):
+    """A replacement, before it asks to join: traces Keras' train function for the
+    members it expects on communicators that are not wired up
+    (`tfdist_ext.elastic.rehearsal`), so that the members, who wait for its first
+    step once they admit it, do not wait for the trace too.
+
+    Returns:
+        The members it traced for, or None when it could not trace (no train
+        function or distributed input yet, as when `fit`'s callbacks are a
+        `CallbackList`, or `run_eagerly`).
+    """
+    strategy = model.distribute_strategy
+    step = (None if model.train_function is None
+            else _compat.keras_iterator_function(model.train_function))
+    dataset = local_input.last_input(strategy)
+    if step is None or dataset is None:
+        return None
+    began = time.monotonic()
+    with rehearsal.rehearsal(strategy, recovery) as members:
+        step.get_concrete_function(iter(dataset))
+    log.info("tfdist_ext: worker %d traced its train step for members %s in %.2f s, before "
+             "asking to join.", recovery.me, list(members), time.monotonic() - began)
+    return members
+
+
+def take_callback_state(model, recovery, admission):
+    """A replacement just admitted (`join`): the members' callback counters and kept
+    weights (`callback_state`) on the callbacks of its `fit`, unless a member died
+    during the admission (then they start afresh)."""
+    if recovery.generation != admission["generation"]:
+        log.warning("tfdist_ext: a member died as this worker joined: its callbacks "
+                    "(EarlyStopping, ReduceLROnPlateau) start afresh.")
+        return
+    keeping = callback_state.receive(recovery.kv(), admission["generation"],
+                                     elastic_steps.tracked_callbacks(model))
+    try:
+        callback_state.share_best_weights(recovery.broadcast_state, model, keeping,
+                                          receiving=True)
+    except (tf.errors.OpError, OSError, TimeoutError) as err:  # a member died
+        log.warning("tfdist_ext: a member died as this worker received the kept weights "
+                    "of EarlyStopping(restore_best_weights=True): %s", err)
+        recovery.recover_and_share(err, admission["steps"],
+                                   lambda: elastic_steps.state(model),
+                                   lambda: elastic_steps.retrace(model))
