@@ -108,7 +108,6 @@ class Recovery:
         self._stores, running = joining.stores_at_start(self._prefix, self.me, self.members,
                                                         self._store.address)
         self.joining = self.replacement = running is not None
-        self._join_order = list(running or self.members)  # whose stores a replacement asks
         self.found = tuple(running or ())
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         self._requests = admission.Requests(
@@ -173,7 +172,7 @@ class Recovery:
         """
         ucx_engine.load_library()  # not while the members wait for it to wire up
         request, asked = joining.ask(self._prefix, self.me, self._store.address,
-                                     self._stores, self._join_order)
+                                     self._stores, list(self.found or self.members))
         log.warning("tfdist_ext: worker %d asks worker(s) %s to take it into the running job.",
                     self.me, asked)
         decision = json.loads(joining.wait_admitted(self._store, request, self._stores, asked,
