@@ -136,8 +136,9 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         one run on the new communicators once they are wired up
         (`engines.main()`). The previous generation's communicators are
         destroyed. With ``wire=False`` the communicators are not wired up:
-        functions can be traced for this membership, not run, until the next
-        `reconfigure` (`engines.Engines`' `wire`).
+        functions traced for this membership run as rehearsals (each
+        collective's result is its input) until the next `reconfigure`
+        (`engines.Engines`' `wire`).
         """
         self._worker_index = worker_index
         self._group_size = num_workers * len(self._devices)

@@ -158,7 +158,7 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
         The cross-device ops make new communicators (meeting through `kv`, as
         `CrossDeviceOps.reconfigure`; with ``wire=False`` not wired up, for
-        tracing only), datasets distributed from now on are split among these
+        a rehearsal: each collective's result is its input), datasets distributed from now on are split among these
         workers, and worker 0 of them is the chief (it checkpoints).
         """
         self.extended.reconfigure(worker_index, num_workers, generation, kv, wire)

@@ -8,6 +8,8 @@
 // `path` names. Every rank must submit the same jobs in the same order. The
 // executor sleeps on a condition variable while it has no job. A failed job
 // leaves the communicator failed: later jobs fail at once with the same status.
+// A rehearsal communicator (`CommOptions::rehearsal`) moves no bytes: each job
+// completes with its input as its result, so that a function traced on it runs.
 #ifndef TFDIST_CUSTOM_OPS_UCX_COMM_H_
 #define TFDIST_CUSTOM_OPS_UCX_COMM_H_
 
@@ -36,6 +38,8 @@ struct CommOptions {
   int64_t segment_bytes = 1 << 20;
   int64_t shared_output_bytes = 256 << 20;  // the host group's output arena; 0: none
   int spin_us = 200;
+  // Never connected: every job completes at once, its input as its result.
+  bool rehearsal = false;
 };
 
 class Comm {
@@ -69,6 +73,7 @@ class Comm {
   // Member index in the local group, or -1 when not in one.
   int local_index() const { return local_index_; }
   int rank() const { return rank_; }
+  bool rehearsal() const { return options_.rehearsal; }
   int world_size() const { return world_size_; }
 
  private:
@@ -80,6 +85,7 @@ class Comm {
   const CommOptions options_;
   const uint64_t born_ = AbortCount();  // aborts made later fail this communicator
   std::unique_ptr<UcxTransport> wire_;
+  std::unique_ptr<Transport> rehearsal_;  // set for a rehearsal communicator
   std::unique_ptr<LocalMember> local_;
   std::unique_ptr<HostGroup> host_group_;
   bool host_enabled_ = false;

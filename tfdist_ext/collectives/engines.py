@@ -78,7 +78,7 @@ class Engines:
         generation: An elastic job's membership count (None: not elastic): each
             generation's UCX communicators are new, and its ops run on the
             handle slots of the earlier generations' (`UcxEngine`'s `slot_key`).
-        wire: False: the UCX engines are not wired up, for tracing only
+        wire: False: the UCX engines are not wired up, for a rehearsal
             (`UcxEngine`'s `wire`).
     """
 

@@ -138,10 +138,11 @@ class UcxEngine:
             a later `ucx_aborts.abort` (a peer found dead) stops its wait for the
             peers' addresses (None: now).
         wire: False makes this process's communicators without meeting the
-            peers: functions can be traced on its ops, which must not run,
-            and the next wired engine of the same `slot_key` takes its slots
-            over (an elastic replacement traces its step before it asks to
-            join). Needs `slot_key`.
+            peers, as rehearsals: functions traced on its ops run, each
+            collective's result being its input, so that TF instantiates them;
+            the next wired engine of the same `slot_key` takes its slots over
+            (an elastic replacement traces and runs its step once before it
+            asks to join). Needs `slot_key`.
 
     Raises:
         UcxUnavailableError: the UCX op library cannot be loaded.
@@ -177,7 +178,7 @@ class UcxEngine:
                     rank=first_rank + i, world_size=world_size,
                     timeout_seconds=float(timeout_seconds or 0.0),
                     segment_bytes=int(segment_bytes), spin_us=int(spin_us),
-                    shared_output_bytes=int(shared_output_bytes))
+                    shared_output_bytes=int(shared_output_bytes), rehearsal=not wire)
                 self._handles.append(int(handle))
                 addresses.append(address.numpy())
             if not wire:

@@ -171,9 +171,12 @@ def join(model, recovery) -> dict:
 
 def rehearse(model, recovery):
     """A replacement, before it asks to join: traces Keras' train function for the
-    members it expects on communicators that are not wired up
-    (`tfdist_ext.elastic.rehearsal`), so that the members, who wait for its first
-    step once they admit it, do not wait for the trace too.
+    members it expects and runs it once, on communicators that are not wired up
+    (`tfdist_ext.elastic.rehearsal`: each collective's result is its input), so
+    that the members, who wait for its first step once they admit it, wait
+    neither for the trace nor for TF's instantiation of the traced function at
+    its first run. The run reads one batch from an iterator of its own; the
+    model's and optimizer's variables are restored afterwards, the metrics reset.
 
     Returns:
         The members it traced for, or None when it could not trace (no train
@@ -189,9 +192,29 @@ def rehearse(model, recovery):
     began = time.monotonic()
     with rehearsal.rehearsal(strategy, recovery) as members:
         step.get_concrete_function(iter(dataset))
-    log.info("tfdist_ext: worker %d traced its train step for members %s in %.2f s, before "
-             "asking to join.", recovery.me, list(members), time.monotonic() - began)
+        traced = time.monotonic()
+        run_rehearsal(model, step, iter(dataset), recovery.me)
+    log.info("tfdist_ext: worker %d traced its train step for members %s in %.2f s and ran "
+             "it once in %.2f s, before asking to join.", recovery.me, list(members),
+             traced - began, time.monotonic() - traced)
     return members
+
+
+def run_rehearsal(model, step, iterator, me):
+    """Runs the traced `step` on `iterator`, then puts the model's and optimizer's
+    variables back as they were and resets the metrics (a failed run only leaves
+    TF's instantiation to the first real step)."""
+    variables = elastic_steps.state(model)
+    kept = [tf.convert_to_tensor(v.value) for v in variables]  # updates copy on write
+    try:
+        step(iterator)
+    except tf.errors.OpError as err:  # no batch (an empty dataset), or an abort
+        log.info("tfdist_ext: worker %d could not run its rehearsed step: %s",
+                 me, err)
+    finally:
+        for variable, value in zip(variables, kept):
+            variable.assign(value)
+        model.reset_metrics()
 
 
 def take_callback_state(model, recovery, admission):

@@ -94,7 +94,7 @@ class ScheduleKernel {
     OP_REQUIRES(ctx, comm != nullptr,
                 errors::FailedPrecondition("tfdist_ext UCX communicator ", handle_,
                                            " does not exist."));
-    OP_REQUIRES(ctx, path_ != Path::kLocal || comm->local_index() >= 0,
+    OP_REQUIRES(ctx, path_ != Path::kLocal || comm->local_index() >= 0 || comm->rehearsal(),
                 errors::FailedPrecondition("an in-process collective on communicator ",
                                            handle_, ", which is in no local group"));
     auto plan = std::make_shared<Plan>();
@@ -127,7 +127,8 @@ class ScheduleKernel {
     } else {
       held->input = input;
       // In process, only local rank 0's output is written (and shared).
-      if (path_ != Path::kLocal || comm.local_index() == 0 || !Runs(input.NumElements())) {
+      if (path_ != Path::kLocal || comm.local_index() == 0 || comm.rehearsal() ||
+          !Runs(input.NumElements())) {
         held->output = std::make_shared<Tensor>();
         TF_RETURN_IF_ERROR(
             ctx->allocate_temp(input.dtype(), input.shape(), held->output.get()));

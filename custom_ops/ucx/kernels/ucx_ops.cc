@@ -28,11 +28,17 @@ REGISTER_OP("TfdistUcxCreate")
     .Attr("segment_bytes: int")
     .Attr("spin_us: int")
     .Attr("shared_output_bytes: int = 268435456")
+    .Attr("rehearsal: bool = false")
     .Output("handle: int64")
     .Output("address: string")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
-    .Doc("Creates a UCX communicator for `rank`; returns its handle and worker address.");
+    .Doc(R"doc(
+Creates a UCX communicator for `rank`; returns its handle and worker address.
+With `rehearsal`, it is never connected and every collective on it completes
+at once with its input as the result: a function traced on it can run once, so
+that TF instantiates it, before the peers are met.
+)doc");
 
 REGISTER_OP("TfdistUcxConnect")
     .Input("handle: int64")
@@ -155,6 +161,7 @@ class CreateOp : public OpKernel {
     options_.spin_us = static_cast<int>(spin_us);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_output_bytes", &shared_output_bytes));
     options_.shared_output_bytes = shared_output_bytes;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rehearsal", &options_.rehearsal));
   }
 
   void Compute(OpKernelContext* ctx) override {
