@@ -345,6 +345,24 @@ def test_a_member_dying_while_a_replacement_joins_leaves_the_replacement_running
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_a_member_dying_while_a_replacement_rehearses_leaves_the_replacement_running(
+        tmp_path):
+    # Worker 2 dies at step 10 and is started again; worker 1 dies while that replacement
+    # runs its rehearsed step, before it asks to join. Not yet a member, the replacement
+    # must neither take part in the survivors' agreement nor fail its rehearsal (its
+    # watcher aborted the rehearsal's communicators, Keras' metric reset then failed and it
+    # agreed as a member: left out of the survivors' membership, it exited).
+    results = _death_during_admission(tmp_path, "rehearsal", 1, timeout=240)
+    assert results[2]["failures"] == [], results[2]["failures"]
+    assert [f["dead"] for f in results[0]["failures"]] == [[2], [1]], results[0]["failures"]
+    assert results[0]["members"] == [0, 2, 1]
+    assert results[2]["rehearsed"] == [0, 1, 2], results[2]
+    assert "it traces again" in (tmp_path / "launcher.txt").read_text()
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_the_leader_dying_while_a_replacement_joins_costs_seconds_not_the_recover_timeout(
         tmp_path):
     # Worker 2 dies at step 10 and is started again; worker 0, whose store the admitted

@@ -16,6 +16,8 @@ and worker 1 SIGKILLs itself once it has admitted the replacement of the killed
 worker and wired up with it, before the state broadcast; "admission-leader": as "train", and
 worker 0, the members' leader whose store the new communicators wire up in, SIGKILLs itself
 once it has admitted the replacement, before that wire-up (OUT_DIR/leader_killed.txt: when);
+"rehearsal": as "train", and worker 1 SIGKILLs itself while the replacement of the killed
+worker runs its rehearsed step, before it asks to join (OUT_DIR/member_killed.txt: when);
 "wire-up": as "train", and worker
 1 SIGKILLs itself once the survivors agreed on the new membership, before it publishes
 its address for their new communicators; "sigterm": as "train", but worker
@@ -54,7 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist_ext
-from tfdist_ext.keras import elastic_steps
+from tfdist_ext.keras import elastic_steps, members_fit
 
 
 def data(seed=0, n=6656, d=20, classes=4):
@@ -192,9 +194,25 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             os.kill(os.getpid(), signal.SIGKILL)
 
         strategy.reconfigure_workers = reconfigure_and_die
+    if phase == "rehearsal":
+        cue, killed = (os.path.join(out_dir, name)
+                       for name in ("rehearsing.txt", "member_killed.txt"))
+        if strategy.elastic.replacement and index == int(kill_worker) \
+                and not os.path.exists(cue):
+            rehearse = members_fit.run_rehearsal
+
+            def rehearse_as_a_member_dies(*args):
+                with open(cue, "w", encoding="utf-8") as f:
+                    f.write(str(time.time()))
+                while not os.path.exists(killed):
+                    time.sleep(0.05)
+                time.sleep(3)  # its watcher sees the death (1 s) with the rehearsal's
+                return rehearse(*args)  # communicators made
+
+            members_fit.run_rehearsal = rehearse_as_a_member_dies
     kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
                                       "sigterm", "sigstop", "backup", "earlystop",
-                                      "two") else phase
+                                      "two", "rehearsal") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
@@ -203,6 +221,14 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             else [])
     if phase == "two":
         kill.append(tfdist_ext.elastic.KillAt((int(kill_worker) + 1) % 3, int(kill_step)))
+    if phase == "rehearsal" and index == 1 and not strategy.elastic.replacement:
+        def die_once_rehearsing(batch, logs):
+            if os.path.exists(cue):
+                with open(killed, "w", encoding="utf-8") as f:
+                    f.write(str(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        kill.append(keras.callbacks.LambdaCallback(on_train_batch_begin=die_once_rehearsing))
     if phase == "straggler" and index == int(kill_worker):
         kill.append(keras.callbacks.LambdaCallback(  # slow from step KILL_STEP on
             on_train_batch_begin=lambda batch, logs: time.sleep(0.05)

@@ -256,7 +256,9 @@ class Recovery:
         """Fails the collectives in flight if `task` (a TF task name, from the watcher)
         is a member, or is this worker, frozen and no longer a member (`fencing`);
         communicators made later work. A worker the members already went on without
-        is ignored: its death must not fail their new communicators."""
+        is ignored: its death must not fail their new communicators. A replacement
+        not yet admitted only notes the death: its communicators (`rehearsal`) meet
+        no peer."""
         dead = {w for w in self._addresses if liveness.task_name("worker", w) == task}
         if self.me in dead:
             try:
@@ -269,17 +271,20 @@ class Recovery:
         kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
         with self._lock:
             self._reported_dead.update((w, kind) for w in dead)
-            if dead & set(self.members):
+            if dead & set(self.members) and not self.joining:
                 ucx_aborts.abort(reason, later=False)
 
     def between_steps(self, run, alone):
         """`run()`, an eager collective outside Keras' step functions (Keras reading its
         metrics at an epoch end); after a death in it the survivors agree and this worker
         returns `alone()` (running `run` again could pair with another survivor's next
-        collective); the next step broadcasts rank 0's state (`state_stale`)."""
+        collective); the next step broadcasts rank 0's state (`state_stale`). A
+        replacement not yet admitted has no members to agree with: the error is raised."""
         try:
             return run()
         except tf.errors.OpError as err:
+            if self.joining:
+                raise
             self.recover(err, self.steps)
             self.state_stale = True
             return alone()
