@@ -250,3 +250,18 @@ def test_a_frozen_worker_goes_on_only_while_it_is_still_a_member():
         fencing.check_not_frozen(2, 3, 12.0, lambda: removed)
     with pytest.raises(MembershipError, match="no other worker answers now"):
         fencing.check_not_frozen(2, 3, 12.0, lambda: None)
+
+
+def test_a_function_traced_for_one_membership_serves_another_of_the_same_rank_size_and_hosts():
+    one_host = ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"]
+    two_hosts = ["10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:5000"]
+    key = membership.traced_for
+    # Worker 0 stays rank 0 of 3 when worker 1 or 2 rejoins last: one trace serves.
+    assert key((0, 1, 2), 0, one_host) == key((0, 2, 1), 0, one_host) == (
+        3, 0, ("127.0.0.1",) * 3)
+    # Worker 2's rank changes with the order; so does the size after a death.
+    assert key((0, 1, 2), 2, one_host) != key((0, 2, 1), 2, one_host)
+    assert key((0, 1), 0, one_host) != key((0, 1, 2), 0, one_host)
+    # The hosts in rank order shape the schedules: across hosts the order counts too.
+    assert key((0, 1, 2), 0, two_hosts) != key((0, 2, 1), 0, two_hosts)
+    assert key((1, 0, 2), 1, two_hosts) == key((0, 1, 2), 0, two_hosts)

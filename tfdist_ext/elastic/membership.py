@@ -36,6 +36,16 @@ def position(members: Sequence[int], worker: int) -> int:
     return list(members).index(worker)
 
 
+def traced_for(members: Sequence[int], worker: int, addresses: Sequence[str]) -> tuple:
+    """What a step function `worker` traced for `members` depends on: the world size,
+    its rank and the members' hosts in rank order (the collectives' schedules; their
+    communicators are the generation's, `collectives.ucx_slots`). A function traced
+    for another membership with the same value runs unchanged. `addresses`: every
+    worker's "host:port" (TF_CONFIG)."""
+    hosts = tuple(addresses[w].rpartition(":")[0] for w in members)
+    return len(members), position(members, worker), hosts
+
+
 def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str],
           prefix: str, me: int, alive: Sequence[int], steps: int,
           timeout: float, gone: Optional[Callable[[int], bool]] = None

@@ -12,8 +12,9 @@ discarded and the survivors go on in the same processes:
    (`membership.agree`, in its store, `store.py`: TF's coordination service dies
    with worker 0). Fewer than `min_workers` stops every survivor, naming the missing.
 4. Rebuild: new communicators for the new world size and rank
-   (`CrossDeviceOps.reconfigure`); Keras' functions traced again, or reused for
-   members this worker had, in the same order (`keras.elastic_steps`).
+   (`CrossDeviceOps.reconfigure`); Keras' functions traced again, or reused where
+   this worker had the same rank among as many members on the same hosts
+   (`keras.elastic_steps`).
 5. Agree on state: the new rank 0 broadcasts the model's and optimizer's variables;
    survivors that ran fewer steps skip the difference. A new rank 0 is the chief.
 

@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import liveness
-from tfdist_ext.elastic import leaving
+from tfdist_ext.elastic import leaving, membership
 from tfdist_ext.keras import callback_state
 
 log = logging.getLogger("tfdist_ext")
@@ -50,24 +50,30 @@ class _Functions:
 
     A function traced for a world size and rank runs on a later membership's
     communicators of the same size and rank (`UcxEngine`'s handle slots), so a
-    worker that returns to the same members in the same order (a replacement
-    took a dead worker's place, and is ranked where it was) runs the functions
-    it traced then instead of tracing again.
+    worker that returns to its rank among as many members on the same hosts
+    (`membership.traced_for`: the chief, say, whenever a replacement restores
+    the full size) runs the functions it traced then instead of tracing again.
     Kept for one `fit` or `evaluate` (`forget`): a `compile` between them
     makes new functions.
     """
 
     def __init__(self):
-        self.made = {}  # (phase, members) -> wrapped function
-        self.current = {}  # phase -> the members its function was made for
+        self.made = {}  # (phase, membership.traced_for) -> wrapped function
+        self.current = {}  # phase -> the traced_for of the members it was made for
         self.reused = 0  # functions taken from `made` instead of traced again
         self.rehearsed = None  # the members a replacement traced for before it joined
 
 
-def _membership(strategy):
-    # The members in rank order: a function's collectives depend on the world size and
-    # this worker's rank, their shared-memory path on the members' hosts.
-    return tuple(strategy.elastic.members)
+def _membership(strategy, members=None):
+    recovery = strategy.elastic
+    return membership.traced_for(recovery.members if members is None else members,
+                                 recovery.me, strategy.cluster.worker_addresses)
+
+
+def traced_alike(strategy, members) -> bool:
+    """Whether Keras' functions traced for `members` run unchanged for the current
+    members (`membership.traced_for`)."""
+    return _membership(strategy, members) == _membership(strategy)
 
 
 def forget(model):
@@ -302,9 +308,9 @@ def _batches_per_call(model):
 
 def retrace(model):
     """Keras' functions for the new membership (the ones a running `fit` or `evaluate`
-    calls again at once; the others when next used): those made before for the same
-    members in the same order (`_Functions`), else new ones, traced at their first
-    call."""
+    calls again at once; the others when next used): those made before for a
+    membership they run unchanged on (`_Functions`), else new ones, traced at their
+    first call."""
     model.predict_function = None
     functions = _functions.setdefault(model, _Functions())
     key = _membership(model.distribute_strategy)

@@ -161,7 +161,8 @@ def join(model, recovery) -> dict:
     elastic_steps.resume(model, admission["steps"], admission["test_steps"],
                          admission["batch"])
     members = tuple(recovery.members)
-    if rehearsed is not None and rehearsed != members:
+    if rehearsed is not None and not elastic_steps.traced_alike(model.distribute_strategy,
+                                                                rehearsed):
         log.warning("tfdist_ext: worker %d traced its step for members %s but joined %s: "
                     "it traces again.", recovery.me, list(rehearsed), list(members))
         model.make_train_function(force=True)
