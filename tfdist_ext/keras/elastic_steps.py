@@ -145,8 +145,10 @@ def wrap(train_function, model, strategy, phase="train"):
                 next(iterator)
             finally:
                 strategy.keep_logs_local(False)
-            # A replacement has no step of its own yet: its (empty) metrics.
-            return progress.logs or _metric_logs(model, strategy)
+            # A replacement has no step of its own yet: its (empty) metrics, read once.
+            if not progress.logs:
+                progress.logs = _metric_logs(model, strategy)
+            return progress.logs
         try:
             began = time.monotonic()
             # A function kept from an earlier membership does not wire up the new
