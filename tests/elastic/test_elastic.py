@@ -356,9 +356,13 @@ def test_a_member_dying_while_a_replacement_rehearses_leaves_the_replacement_run
     results = _death_during_admission(tmp_path, "rehearsal", 1, timeout=240)
     assert results[2]["failures"] == [], results[2]["failures"]
     assert [f["dead"] for f in results[0]["failures"]] == [[2], [1]], results[0]["failures"]
-    assert results[0]["members"] == [0, 2, 1]
     assert results[2]["rehearsed"] == [0, 1, 2], results[2]
-    assert "it traces again" in (tmp_path / "launcher.txt").read_text()
+    # Worker 1's replacement, started 2 s after its death, may ask first: then worker 2
+    # joins at the rank and size it traced for; otherwise with worker 0 alone, and traces
+    # again.
+    assert results[0]["members"] in ([0, 2, 1], [0, 1, 2]), results[0]["members"]
+    if results[0]["members"] == [0, 2, 1]:
+        assert "it traces again" in (tmp_path / "launcher.txt").read_text()
 
 
 @NO_UCX
