@@ -12,25 +12,31 @@ import time
 from tfdist_ext.launch.elastic_env import REPLACEMENT_DELAY_SECONDS
 
 
-def fits_begun(out):
-    """How many workers' fits have begun (their "fit_start" events in `out`)."""
+def _workers_with(out, event):
+    """The workers that wrote `event` ("fit_start", "fit_end") to `out`/events.jsonl."""
     path = out / "events.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     events = [json.loads(line) for line in lines if line.strip()]
-    return len({e["worker"] for e in events if e["event"] == "fit_start"})
+    return {e["worker"] for e in events if e["event"] == event}
+
+
+def fits_begun(out):
+    """How many workers' fits have begun (their "fit_start" events in `out`)."""
+    return len(_workers_with(out, "fit_start"))
 
 
 def random_kills(args, procs, start, out, deadline):
     """The random killer: SIGKILLs a worker in the job after exponential intervals of
-    mean `args.mtbf` and starts it again; returns [(worker, time)]."""
+    mean `args.mtbf` and starts it again, until a worker's fit ends; returns
+    [(worker, time)]."""
     rng = random.Random(args.seed)
     began, kills, restarts = time.monotonic(), [], 0
     joined = {i: True for i in range(len(procs))}  # in the job (a replacement: once joined)
     next_kill = None  # armed when every worker's fit has begun (start-up varies: 5-30 s)
     while len(kills) < args.failures and time.monotonic() < deadline:
         time.sleep(0.2)
-        if any(p.poll() == 0 for p in procs):
-            break  # the job ended
+        if any(p.poll() == 0 for p in procs) or _workers_with(out, "fit_end"):
+            break  # the job ended: a kill now would only cost its replacement's start
         if next_kill is None:
             if fits_begun(out) >= len(procs):
                 next_kill = time.monotonic() + rng.expovariate(1.0 / args.mtbf)

@@ -119,7 +119,7 @@ class Extended(_compat.CollectiveAllReduceExtended):
 
     def step_down(self):
         """Not the chief until `reconfigure` makes it rank 0 (a replacement joining an
-        elastic job is ranked after the members, worker 0's included)."""
+        elastic job, worker 0's included, is ranked after the members' chief)."""
         self._is_chief = False
 
     def reconfigure(self, worker_index, num_workers, generation, kv=None, wire=True):

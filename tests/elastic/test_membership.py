@@ -256,7 +256,7 @@ def test_a_function_traced_for_one_membership_serves_another_of_the_same_rank_si
     one_host = ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"]
     two_hosts = ["10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:5000"]
     key = membership.traced_for
-    # Worker 0 stays rank 0 of 3 when worker 1 or 2 rejoins last: one trace serves.
+    # Worker 0 stays rank 0 of 3 whatever the others' order: one trace serves.
     assert key((0, 1, 2), 0, one_host) == key((0, 2, 1), 0, one_host) == (
         3, 0, ("127.0.0.1",) * 3)
     # Worker 2's rank changes with the order; so does the size after a death.
@@ -265,3 +265,18 @@ def test_a_function_traced_for_one_membership_serves_another_of_the_same_rank_si
     # The hosts in rank order shape the schedules: across hosts the order counts too.
     assert key((0, 1, 2), 0, two_hosts) != key((0, 2, 1), 0, two_hosts)
     assert key((1, 0, 2), 1, two_hosts) == key((0, 1, 2), 0, two_hosts)
+
+
+def test_an_admission_keeps_the_chief_first_and_ranks_the_others_by_index():
+    # Survivors and a replacement in its predecessor's place get back the ranks they had
+    # at the full size (their kept step functions); only a new chief's rank is new.
+    assert membership.admitted((0, 2), [1]) == (0, 1, 2)
+    assert membership.admitted((0, 1), [2]) == (0, 1, 2)
+    assert membership.admitted((1, 2), [0]) == (1, 0, 2)
+    assert membership.admitted((2,), [1, 0]) == (2, 0, 1)
+    assert membership.admitted((0, 1, 3), []) == (0, 1, 3)
+    full = (0, 1, 2, 3)
+    for dead in full:
+        back = membership.admitted(membership.survivors(full, [dead]), [dead])
+        moved = [w for w in full if back.index(w) != full.index(w)]
+        assert moved == ([] if dead else [0, 1]), (dead, back)  # worker 1 now the chief

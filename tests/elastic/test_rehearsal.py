@@ -61,6 +61,8 @@ def test_a_rehearsal_that_fails_leaves_the_model_as_it_was(caplog):
         np.testing.assert_array_equal(kept, now)
 
 
-def test_the_members_a_replacement_expects_end_with_itself():
+def test_the_members_a_replacement_expects_are_the_chief_then_everyone_by_index():
     assert rehearsal.expected((0, 3, 1), 3) == (0, 1, 3)
     assert rehearsal.expected((2,), 0) == (2, 0)
+    assert rehearsal.expected((0, 2), 1) == (0, 1, 2)  # its predecessor's rank
+    assert rehearsal.expected((1, 2), 0) == (1, 0, 2)  # the chief stays first

@@ -6,8 +6,8 @@ order, the leader, waits for those workers' reports and publishes the new
 membership: the workers that reported, in the same order, and the most steps
 any of them ran (survivors that ran fewer skip the difference, so that every
 member runs its next step together). Workers are named by their TF_CONFIG
-index throughout; the order is the members' ranks, so the chief stays the
-chief while it lives (a replacement is ranked after the members).
+index throughout; the order is the members' ranks: the chief first, so that it
+stays the chief while it lives, then the others by index (`admitted`).
 """
 
 import json
@@ -34,6 +34,16 @@ def survivors(members: Sequence[int], dead) -> Tuple[int, ...]:
 def position(members: Sequence[int], worker: int) -> int:
     """`worker`'s rank in `members` (its index there)."""
     return list(members).index(worker)
+
+
+def admitted(members: Sequence[int], joiners) -> Tuple[int, ...]:
+    """The members once `joiners` are taken in: the chief (``members[0]``) first, then
+    the other members and the joiners by worker index. Members that lost no rank at a
+    failure, and a replacement in its predecessor's place, are then at the rank they
+    had at this size before, where their step functions are kept (`traced_for`);
+    only a new chief's rank is new to it."""
+    members = tuple(members)
+    return members[:1] + tuple(sorted(set(members[1:]) | set(joiners)))
 
 
 def traced_for(members: Sequence[int], worker: int, addresses: Sequence[str]) -> tuple:

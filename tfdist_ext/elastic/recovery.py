@@ -21,8 +21,8 @@ discarded and the survivors go on in the same processes:
 The survivors split each global batch (`keras.local_input`), so no shard is lost.
 A replacement (the dead worker's script started again) finds the members
 (`beacon`), asks to join and waits (`join`, `joining`); they admit it after the
-same step (`admission`, `admit`): a new generation with it ranked last, rank 0's
-state broadcast, and its `fit` resumes at their epoch and batch. A death during a
+same step (`admission`, `admit`): a new generation ranked by `membership.admitted`,
+rank 0's state broadcast, and its `fit` resumes at their epoch and batch. A death during a
 recovery or an admission makes the survivors agree again (`recover`,
 `recover_and_share`). A worker sent SIGTERM, or a straggler, leaves (`leaving`).
 """
@@ -140,7 +140,7 @@ class Recovery:
             # A replacement's store is new: everyone learns its address here.
             stores = {str(w): address for w, (_, address) in requests.items()}
             decision = {"generation": generation, "stores": stores,
-                        "members": list(self.members) + sorted(requests),
+                        "members": list(membership.admitted(self.members, requests)),
                         "steps": steps, "test_steps": test_steps,
                         "epoch": self.position[0],
                         "batch": self.position[1] + 1}

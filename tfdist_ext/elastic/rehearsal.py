@@ -17,8 +17,8 @@ from tfdist_ext.elastic import membership
 
 def expected(found, me: int) -> tuple:
     """The members a replacement `me` expects once admitted: those it `found`
-    running, then itself (`Recovery.admit` appends the workers it takes in)."""
-    return tuple(w for w in found if w != me) + (me,)
+    running and itself, in the order `Recovery.admit` gives (`membership.admitted`)."""
+    return membership.admitted(tuple(w for w in found if w != me), (me,))
 
 
 @contextlib.contextmanager
