@@ -131,6 +131,16 @@ def test_the_members_answer_a_replacement_at_their_tf_config_port():
     assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: state)
     assert beacon.running_job([f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{port}"]) == {
         "tfdist/x": state}
+    # `Recovery.look_again`: the members and their stores as a member answers now, the
+    # asking worker's own store left out; None when no member answers for the strategy.
+    addresses = {0: f"127.0.0.1:{port}", 1: f"127.0.0.1:{free_ports(1)[0]}"}
+    state.update(stores={"0": "127.0.0.1:7", "1": "127.0.0.1:8", "2": "127.0.0.1:9"},
+                 members=[0, 2])
+    assert joining.members_now("tfdist/x", 1, addresses) == (
+        (0, 2), {0: "127.0.0.1:7", 2: "127.0.0.1:9"})
+    state["members"] = [0]
+    assert joining.members_now("tfdist/x", 1, addresses)[0] == (0,)
+    assert joining.members_now("tfdist/other", 1, addresses) is None
 
 
 def test_the_leader_hears_of_a_join_request_when_it_arrives():

@@ -113,6 +113,18 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
                 "replacement while the others train.")
 
 
+def members_now(prefix: str, me: int, addresses: Mapping[int, str]):
+    """The running job's members in rank order and their stores ({worker: "host:port"},
+    this worker's left out), as a member's beacon answers now (`beacon.running_job`),
+    or None when no member answers. `addresses`: every worker's TF_CONFIG address."""
+    answer = beacon.running_job([a for w, a in addresses.items() if w != me]) or {}
+    state = answer.get(prefix)
+    if not state:
+        return None
+    stores = {int(w): a for w, a in state["stores"].items() if int(w) != me}
+    return tuple(int(w) for w in state["members"]), stores
+
+
 def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
     """Every worker's store address, and the running job's members if this worker joins it.
 

@@ -11,10 +11,9 @@ discarded and the survivors go on in the same processes:
    their step counts; the first survivor in rank order announces the membership
    (`membership.agree`, in its store, `store.py`: TF's coordination service dies
    with worker 0). Fewer than `min_workers` stops every survivor, naming the missing.
-4. Rebuild: new communicators for the new world size and rank
-   (`CrossDeviceOps.reconfigure`); Keras' functions traced again, or reused where
-   this worker had the same rank among as many members on the same hosts
-   (`keras.elastic_steps`).
+4. Rebuild: new communicators for the new world size and rank (`CrossDeviceOps.
+   reconfigure`); Keras' functions traced again, or reused where this worker had the
+   same rank among as many members on the same hosts (`keras.elastic_steps`).
 5. Agree on state: the new rank 0 broadcasts the model's and optimizer's variables;
    survivors that ran fewer steps skip the difference. A new rank 0 is the chief.
 
@@ -22,8 +21,8 @@ The survivors split each global batch (`keras.local_input`), so no shard is lost
 A replacement (the dead worker's script started again) finds the members
 (`beacon`), asks to join and waits (`join`, `joining`); they admit it after the
 same step (`admission`, `admit`): a new generation ranked by `membership.admitted`,
-rank 0's state broadcast, and its `fit` resumes at their epoch and batch. A death during a
-recovery or an admission makes the survivors agree again (`recover`,
+rank 0's state broadcast, and its `fit` resumes at their epoch and batch. A death
+during a recovery or an admission makes the survivors agree again (`recover`,
 `recover_and_share`). A worker sent SIGTERM, or a straggler, leaves (`leaving`).
 """
 
@@ -57,22 +56,19 @@ class Recovery:
     Attributes:
         members: TF_CONFIG indices of the workers in the job now.
         generation: How many times the membership changed.
-        failures: One dict per change: "generation", "step" (this worker's
-            steps so far, the failed one included), "dead", "members",
-            "skipped" (steps this worker skips to be level with the others),
-            "seconds" (from the failed step to the new membership) and
-            "time" (`time.time()` then).
+        failures: One dict per change: "generation", "step" (this worker's steps so
+            far, the failed one included), "dead", "members", "skipped" (steps this
+            worker skips to be level with the others), "seconds" (from the failed
+            step to the new membership) and "time" (`time.time()` then).
         joins: One dict per admission of replacement workers: "generation",
             "step", "joined", "members", "time", "pause" (seconds of its parts).
         leaves: One dict per departure (`leaving`): "generation", "step", "left",
             "members", "time" and "reason".
         replacement: Whether this process joined a running job (a replacement).
-        found: The members a replacement's query found running at its start.
-        rehearsing: A replacement traces its step as a member before it joins
-            (`rehearsal`).
-        join_flag, join_agreed: float32 variables: a join request this worker
-            (the members' leader) saw, and the members' sum of it in the last
-            step (`admission.Requests`).
+        found: The members a replacement found running (at its start, `look_again`).
+        rehearsing: A replacement traces its step as a member (`rehearsal`).
+        join_flag, join_agreed: float32 variables: a join request this worker (the
+            members' leader) saw, and the members' sum of it in the last step.
         stragglers: The `stragglers.Monitor`, or None (`straggler_factor` off).
     """
 
@@ -231,14 +227,12 @@ class Recovery:
         return store.Client(self._stores[self.members[0]], check)
 
     def kv(self, leader=None):
-        """The members' meeting place, `leader`'s store (default: the first member's);
-        the interface of `coordination.KeyValue`."""
+        """The members' meeting place: `leader`'s store (default: the first member's)."""
         return store.Client(self._stores[self.members[0] if leader is None else leader])
 
     @contextlib.contextmanager
     def on_promotion(self, callback):
-        """Within the context, `callback()` runs if this worker becomes the members'
-        worker 0 (the chief)."""
+        """Within the context, `callback()` runs if this worker becomes the chief."""
         self._on_promotion.append(callback)
         try:
             yield
@@ -246,12 +240,19 @@ class Recovery:
             self._on_promotion.remove(callback)
 
     def data_split(self):
-        """(part, parts): int64 variables of this worker's rank and the member count.
-
-        Keras' input (`tfdist_ext.keras.local_input`) splits each global
-        batch by them, so after a failure the survivors share whole batches.
-        """
+        """(part, parts): int64 variables of this worker's rank and the member count, by
+        which Keras' input (`keras.local_input`) splits each global batch."""
         return self._split
+
+    def look_again(self) -> bool:
+        """A replacement not yet admitted: whether the members changed since it `found`
+        them (`joining.members_now`); if so, `found` and their stores are updated."""
+        now = joining.members_now(self._prefix, self.me, self._addresses)
+        if now is None or now[0] == self.found:
+            return False
+        self.found = now[0]
+        self._stores.update(now[1])
+        return True
 
     def abort_communicators(self, reason: str, task: str):
         """Fails the collectives in flight if `task` (a TF task name, from the watcher)

@@ -149,14 +149,21 @@ def join(model, recovery) -> dict:
     """A replacement joins (`Recovery.join`) with `model`'s state; its step counts
     become the members' (`elastic_steps.resume`). Returns the admission.
 
-    Its train function is traced first for the members it expects (`rehearse`);
-    if it is given others, the function is made again, to be traced at its first
+    Its train function is traced first for the members it expects (`rehearse`), and
+    again if the members changed meanwhile (`Recovery.look_again`); if it is given
+    others at its admission, the function is made again, to be traced at its first
     call.
     """
     if not model.optimizer.built:
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
     rehearsed = rehearse(model, recovery)
+    if rehearsed is not None and recovery.look_again():  # a death or a join meanwhile
+        log.warning("tfdist_ext: worker %d traced its step for members %s, but the job now "
+                    "has %s: it rehearses again.", recovery.me, list(rehearsed),
+                    list(recovery.found))
+        model.make_train_function(force=True)
+        rehearsed = rehearse(model, recovery)
     admission = recovery.join(elastic_steps.state(model))
     elastic_steps.resume(model, admission["steps"], admission["test_steps"],
                          admission["batch"])
