@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist_ext import coordination
-from tfdist_ext.elastic import beacon, store
+from tfdist_ext.elastic import beacon, fencing, store
 from tfdist_ext.elastic.membership import MembershipError
 
 POLL_SECONDS = 2.0  # how often a waiting replacement checks that a member still answers
@@ -117,8 +117,8 @@ def members_now(prefix: str, me: int, addresses: Mapping[int, str]):
     """The running job's members in rank order and their stores ({worker: "host:port"},
     this worker's left out), as a member's beacon answers now (`beacon.running_job`),
     or None when no member answers. `addresses`: every worker's TF_CONFIG address."""
-    answer = beacon.running_job([a for w, a in addresses.items() if w != me]) or {}
-    state = answer.get(prefix)
+    state = fencing.members_state(prefix, [a for w, a in addresses.items() if w != me],
+                                  beacon.running_job)
     if not state:
         return None
     stores = {int(w): a for w, a in state["stores"].items() if int(w) != me}
