@@ -119,15 +119,17 @@ def main(argv=None):
                     relaunch(__file__, args.workers, worker, timeout=600)
                 runs[config].append(json.loads(out.read_text())["median_s"])
                 print(f"round {r}: {config}: {1e3 * runs[config][-1]:.1f} ms", flush=True)
-    floor = statistics.median(runs["frozen_embedding"])
-    dense = statistics.median(runs["dense_layer"])
-    rows = [{"config": c, "min_ms": 1e3 * min(v), "median_ms": 1e3 * statistics.median(v),
-             "x_dense_layer": statistics.median(v) / dense,
-             "x_frozen_embedding": statistics.median(v) / floor} for c, v in runs.items()]
+    rows = [{"config": c, "min_ms": 1e3 * min(v), "median_ms": 1e3 * statistics.median(v)}
+            for c, v in runs.items()]
+    for base in ("dense_layer", "frozen_embedding"):  # ratios to whichever baselines ran
+        if base in runs:
+            for row in rows:
+                row[f"x_{base}"] = row["median_ms"] / (1e3 * statistics.median(runs[base]))
     for row in rows:
-        print(f"{row['config']:>18}: median {row['median_ms']:.1f} ms (min {row['min_ms']:.1f})"
-              f", {row['x_dense_layer']:.2f}x the dense layer, "
-              f"{row['x_frozen_embedding']:.2f}x the frozen embedding", flush=True)
+        ratios = "".join(f", {row[k]:.2f}x the {k[2:].replace('_', ' ')}"
+                         for k in ("x_dense_layer", "x_frozen_embedding") if k in row)
+        print(f"{row['config']:>18}: median {row['median_ms']:.1f} ms "
+              f"(min {row['min_ms']:.1f}){ratios}", flush=True)
     result = {"workers": args.workers, "cores": os.cpu_count(), "rounds": args.rounds,
               "model": {k: getattr(args, k) for k in keys}, "rows": rows, "runs_s": runs}
     harness.write(result, args.json, args.png, plot=lambda path: plot(rows, args, path))
