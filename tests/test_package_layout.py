@@ -76,6 +76,8 @@ KNOWN_STATE = {
         "distributed dataset -> the dataset Keras iterates in its place; weak",
     "tfdist_ext.keras.local_input:_last":
         "strategy -> the distributed dataset its Keras epoch iterator read last; weak",
+    "tfdist_ext.keras.local_input:_starts":
+        "strategy -> batches its next epoch iterator skips (an elastic replacement); weak",
     "tfdist_ext.keras.moved_momentum:_moved":
         "id() of the optimizers whose momentum a running fit moved into the compressor",
     "tfdist_ext.keras.moved_momentum:_logged": "the strategies that logged that move; weak",

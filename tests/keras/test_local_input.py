@@ -108,3 +108,42 @@ def test_split_batches_gives_each_worker_a_contiguous_part_of_every_batch(worker
             joined = np.concatenate([tf.nest.flatten(p)[0].numpy() for p in pieces])
             np.testing.assert_array_equal(joined, whole, err_msg=name)
         assert all(len(p) == 3 for p in parts), name  # one part of each batch, empty or not
+
+
+def test_the_epoch_iterator_after_start_at_begins_that_many_batches_in_once():
+    """An elastic replacement's first epoch: tf.data skips the batches the members ran
+    (`start_at`), and the replacement's calls for them are told not to pull them."""
+    from tfdist_ext import _compat  # pylint: disable=import-outside-toplevel
+    from tfdist_ext.keras import local_input  # pylint: disable=import-outside-toplevel
+    strategy = tfdist_ext.Strategy()
+    epochs = _compat.TFEpochIterator(x=X, y=Y, batch_size=16, shuffle=False,
+                                     distribute_strategy=strategy)
+
+    def epoch(asking):
+        """One epoch as Keras runs it: the first `asking` calls pass over their batch."""
+        told, pulled = [], []
+        for step, _, iterator in epochs.enumerate_epoch():
+            if step < asking:
+                told.append(local_input.skipped_in_input(strategy))
+                if told[-1]:
+                    continue
+            pulled.append(next(iterator)[0].numpy())
+        return told, pulled
+
+    local_input.start_at(strategy, 3)
+    told, pulled = epoch(asking=3)
+    assert told == [True, True, True]
+    assert len(pulled) == 4  # of 7 batches (the last a partial one of 4)
+    np.testing.assert_array_equal(pulled[0], X[48:64])
+    np.testing.assert_array_equal(pulled[-1], X[96:])
+    told, pulled = epoch(asking=0)  # the next epoch is whole
+    np.testing.assert_array_equal(pulled[0], X[:16])
+    assert len(pulled) == 7
+
+    # A call asking before any iterator was made since `start_at` pulls, and no
+    # later iterator skips.
+    local_input.start_at(strategy, 2)
+    assert not local_input.skipped_in_input(strategy)
+    told, pulled = epoch(asking=2)
+    assert told == [False, False] and len(pulled) == 7
+    np.testing.assert_array_equal(pulled[0], X[:16])

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfdist_ext import liveness
 from tfdist_ext.elastic import leaving, membership
-from tfdist_ext.keras import callback_state
+from tfdist_ext.keras import callback_state, local_input
 
 log = logging.getLogger("tfdist_ext")
 _progress = weakref.WeakKeyDictionary()  # model -> {"train" | "test": _Progress}
@@ -140,11 +140,12 @@ def wrap(train_function, model, strategy, phase="train"):
             progress.skip -= 1
             # TF's distributed iterator (Keras' input from arrays) agrees with the other
             # workers on whether data is left: they are in a step, so it reads alone.
-            strategy.keep_logs_local(True)
-            try:
-                next(iterator)
-            finally:
-                strategy.keep_logs_local(False)
+            if not local_input.skipped_in_input(strategy):
+                strategy.keep_logs_local(True)
+                try:
+                    next(iterator)
+                finally:
+                    strategy.keep_logs_local(False)
             # A replacement has no step of its own yet: its (empty) metrics, read once.
             if not progress.logs:
                 progress.logs = _metric_logs(model, strategy)

@@ -50,6 +50,7 @@ log = logging.getLogger("tfdist_ext")
 _agreements = itertools.count()  # the same sequence on every worker (SPMD)
 _chosen = weakref.WeakKeyDictionary()  # distributed dataset -> what Keras iterates
 _last = weakref.WeakKeyDictionary()  # strategy -> its epoch iterator's last `_chosen` key
+_starts = weakref.WeakKeyDictionary()  # strategy -> _Start of its next epoch iterator
 _SPLITTABLE = (tf.data.experimental.AutoShardPolicy.AUTO,
                tf.data.experimental.AutoShardPolicy.DATA)
 
@@ -67,10 +68,62 @@ def wrap_get_iterator(original):
             _chosen[distributed] = _local_dataset(
                 distributed, self._distribute_strategy,  # pylint: disable=protected-access
                 user_made=user_made)
-        _last[self._distribute_strategy] = weakref.ref(distributed)  # pylint: disable=protected-access
-        return _chosen[distributed]
+        strategy = self._distribute_strategy  # pylint: disable=protected-access
+        _last[strategy] = weakref.ref(distributed)
+        chosen = _chosen[distributed]
+        start = _starts.get(strategy)
+        if start is not None and not start.skipped:  # the first iterator since `start_at`
+            if not isinstance(chosen, tf.data.Dataset):
+                del _starts[strategy]
+                return chosen
+            start.skipped = start.batches
+            return chosen.skip(start.batches)
+        return chosen
 
     return get_iterator
+
+
+class _Start:
+    """Batches the next epoch iterator skips (`start_at`), and how many of them
+    `skipped_in_input` has not yet counted."""
+
+    def __init__(self, batches):
+        self.batches, self.skipped = batches, 0
+
+
+def start_at(strategy, batches: int):
+    """The next epoch iterator Keras makes under `strategy` starts `batches` batches
+    into its dataset: tf.data skips them, instead of the caller pulling each one.
+
+    An elastic replacement joins mid-epoch and passes over the batches the
+    members already trained on, while they wait for its first step; pulled one
+    train-function call at a time, each would cost an eager `next`. Its calls
+    for those batches ask `skipped_in_input` whether they are already skipped.
+    Where Keras iterates a distributed dataset (`_local_dataset` kept it),
+    nothing is skipped and the calls pull.
+
+    Args:
+        strategy: The strategy of the `fit` about to make its epoch iterator.
+        batches: How many batches to skip (0: none, and any earlier request goes).
+    """
+    if batches > 0:
+        _starts[strategy] = _Start(int(batches))
+    else:
+        _starts.pop(strategy, None)
+
+
+def skipped_in_input(strategy) -> bool:
+    """For each call that must pass over a batch after `start_at`: True while the
+    epoch iterator already skipped it (count down), else False (pull it). The first
+    False forgets `start_at`, so no later iterator skips."""
+    start = _starts.get(strategy)
+    if start is None or not start.skipped:
+        _starts.pop(strategy, None)
+        return False
+    start.skipped -= 1
+    if not start.skipped:
+        del _starts[strategy]
+    return True
 
 
 def last_input(strategy):

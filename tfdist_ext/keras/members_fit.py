@@ -135,6 +135,9 @@ class Join(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         admission = join(self.model, self.recovery)
+        # Keras makes the epoch's iterator after this: tf.data skips the batches the
+        # members ran, instead of this worker's first calls pulling them one by one.
+        local_input.start_at(self.model.distribute_strategy, admission["batch"])
         take_callback_state(self.model, self.recovery, admission)
         self._epoch_before = _compat.set_initial_epoch(self.model, admission["epoch"])
         self._set = True
