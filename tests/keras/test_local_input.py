@@ -147,3 +147,7 @@ def test_the_epoch_iterator_after_start_at_begins_that_many_batches_in_once():
     told, pulled = epoch(asking=2)
     assert told == [False, False] and len(pulled) == 7
     np.testing.assert_array_equal(pulled[0], X[:16])
+    # start_at(0), as a replacement's fit ends: nothing left to skip.
+    local_input.start_at(strategy, 2)
+    local_input.start_at(strategy, 0)
+    np.testing.assert_array_equal(epoch(asking=0)[1][0], X[:16])

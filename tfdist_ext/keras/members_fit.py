@@ -143,6 +143,9 @@ class Join(keras.callbacks.Callback):
         self._set = True
 
     def on_train_end(self, logs=None):
+        # A fit that ended before Keras made an epoch iterator leaves no skip behind
+        # for the next `fit` or `evaluate` on this strategy.
+        local_input.start_at(self.model.distribute_strategy, 0)
         if self._set:
             _compat.set_initial_epoch(self.model, self._epoch_before)
             self._set = False
