@@ -97,6 +97,15 @@ def _launch(*args):
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
+def _best_mbit(out):
+    """The link check's best half second: the mean also counts slow start and loss
+    recovery, which a 100 ms round trip on a busy machine stretches."""
+    mean, best = re.search(r"measured [\d.]+ MB/s = ([\d.]+) Mbit/s over [\d.]+ MB, "
+                           r"best 0.5 s ([\d.]+) Mbit/s", out).groups()
+    assert float(mean) <= float(best) * 1.01, out
+    return float(best)
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
@@ -113,7 +122,7 @@ def test_shaped_link_rate_and_keras_fit(tmp_path):
                        tmp_path, "tfdist")
     out, _ = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, out
-    mbit = float(re.search(r"measured [\d.]+ MB/s = ([\d.]+) Mbit/s", out).group(1))
+    mbit = _best_mbit(out)
     assert abs(mbit - 50) / 50 < 0.25, out
     results = read_worker_json(tmp_path, 2)
     assert all(r["fit"]["ok"] and r["workers"] == 2 for r in results), results
@@ -130,7 +139,7 @@ def test_latency_round_trip_rate_and_collectives(tmp_path):
     out, _ = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, out
     assert "50 ms one way between workers (round trip 100 ms; NFQUEUE delay line)" in out
-    mbit = float(re.search(r"measured [\d.]+ MB/s = ([\d.]+) Mbit/s", out).group(1))
+    mbit = _best_mbit(out)
     rtt = float(re.search(r"round trip ([\d.]+) ms \(requested 100 ms", out).group(1))
     assert abs(mbit - 50) / 50 < 0.25, out
     assert abs(rtt - 100) / 100 < 0.2, out
@@ -375,3 +384,27 @@ def test_delays_per_host_pair():
         assert abs(check.rtt - expected) < 0.2 * expected + 0.002, (a, b, check)
     assert _state() <= before
     assert set(_delay_lines()) <= set(lines_before)
+
+
+def test_best_rate_is_the_fastest_window_against_a_brute_force_reference():
+    from tfdist_ext.launch import netcheck  # pylint: disable=import-outside-toplevel
+
+    rng = __import__("random").Random(7)
+    for trial in range(50):
+        times = sorted(rng.uniform(0, 3) for _ in range(rng.randint(1, 60)))
+        marks, total = [], 0
+        for t in times:
+            total += rng.randint(1, 10_000)
+            marks.append((t, total))
+        window = rng.choice([0.1, 0.5, 1.0, 5.0])
+        spans = []
+        for t2, b2 in marks:  # per end: the shortest span of at least `window` ending there
+            starts = [(t1, b1) for t1, b1 in marks if t2 - t1 >= window]
+            if starts:
+                t1, b1 = starts[-1]
+                spans.append((b2 - b1) * 8 / (t2 - t1) / 1e6)
+        reference = max(spans) if spans else None
+        assert netcheck.best_rate(marks, window) == pytest.approx(reference), trial
+    steady = [(0.1 * i, 1000 * i if i < 10 else 1000 * 10 + 5000 * (i - 10)) for i in range(40)]
+    assert netcheck.best_rate(steady, 0.5) == pytest.approx(5000 * 8 / 0.1 / 1e6)
+    assert netcheck.best_rate(steady[:3], 0.5) is None

@@ -6,9 +6,12 @@
 A receiver in worker 1's namespace accepts one connection. The sender in worker 0's
 namespace first bounces one byte off it 10 times (TCP_NODELAY; the shortest is the
 round trip, as ping's min: the delay line holds each packet at least the requested
-time, and a busy machine only adds to it), then writes the bulk; the receiver times the bytes from the first to
-the last. The amount is about 1.5 s of traffic at the requested rate plus 20 round
-trips for TCP's slow start (5 MB to 256 MB).
+time, and a busy machine only adds to it), then writes the bulk; the receiver times the
+bytes from the first to the last (the mean, which includes TCP's slow start and any
+loss recovery) and the best `_WINDOW` seconds (the rate the link lets through, as an
+iperf interval; a long round trip or a busy machine lowers the mean, not the link).
+The amount is about 1.5 s of traffic at the requested rate plus 20 round trips for
+slow start (5 MB to 256 MB).
 """
 
 import argparse
@@ -23,6 +26,7 @@ from typing import Optional
 
 _CHUNK = 64 * 1024
 _PINGS = 10
+_WINDOW = 0.5
 
 
 @dataclasses.dataclass
@@ -32,10 +36,16 @@ class LinkCheck:
     nbytes: int
     seconds: float
     rtt: float
+    best_mbit_s: Optional[float] = None
 
     @property
     def mbit_s(self) -> float:
         return self.nbytes * 8 / self.seconds / 1e6
+
+    @property
+    def peak_mbit_s(self) -> float:
+        """The best `_WINDOW` seconds' rate, or the mean if the transfer was shorter."""
+        return self.best_mbit_s if self.best_mbit_s is not None else self.mbit_s
 
     def __str__(self):
         rtt = f"round trip {self.rtt * 1e3:.2f} ms"
@@ -43,10 +53,12 @@ class LinkCheck:
             rtt += (f" (requested {self.requested_rtt * 1e3:g} ms, "
                     f"{self.rtt * 100 / self.requested_rtt:.0f}%)")
         rate = (f"measured {self.nbytes / self.seconds / 1e6:.2f} MB/s = {self.mbit_s:.1f} "
-                f"Mbit/s over {self.nbytes / 1e6:.1f} MB")
+                f"Mbit/s over {self.nbytes / 1e6:.1f} MB, best {_WINDOW:g} s "
+                f"{self.peak_mbit_s:.1f} Mbit/s")
         if self.requested_bps is not None:
-            rate += (f" (requested {self.requested_bps / 1e6:g} Mbit/s, "
-                     f"{self.mbit_s * 1e8 / self.requested_bps:.0f}%)")
+            rate += (f" (requested {self.requested_bps / 1e6:g} Mbit/s, mean "
+                     f"{self.mbit_s * 1e8 / self.requested_bps:.0f}%, best "
+                     f"{self.peak_mbit_s * 1e8 / self.requested_bps:.0f}%)")
         return f"{rate}; {rtt}"
 
 
@@ -57,15 +69,35 @@ def _receive(host, port):
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for _ in range(_PINGS):
         conn.sendall(conn.recv(1))
-    nbytes, first = 0, None
+    nbytes, first, marks = 0, None, []
     while True:
         data = conn.recv(1 << 20)
         if not data:
             break
-        first = first or time.perf_counter()
+        now = time.perf_counter()
+        first = first or now
         nbytes += len(data)
-    print(json.dumps({"bytes": nbytes, "seconds": time.perf_counter() - (first or 0)}),
-          flush=True)
+        marks.append((now, nbytes))
+    print(json.dumps({"bytes": nbytes, "seconds": time.perf_counter() - (first or 0),
+                      "best_mbit_s": best_rate(marks, _WINDOW)}), flush=True)
+
+
+def best_rate(marks, window):
+    """The highest Mbit/s of a sliding window over `(time, cumulative bytes)` marks.
+
+    Each mark ends the shortest span of at least `window` seconds that reaches back to
+    an earlier mark; the result is the fastest of those spans, or None if every mark
+    lies within `window` s of the first.
+    """
+    best, start = None, 0
+    for end, (t_end, b_end) in enumerate(marks):
+        while start + 1 < end and t_end - marks[start + 1][0] >= window:
+            start += 1
+        t_start, b_start = marks[start]
+        if t_end - t_start >= window:
+            rate = (b_end - b_start) * 8 / (t_end - t_start) / 1e6
+            best = rate if best is None else max(best, rate)
+    return best
 
 
 def _send(host, port, nbytes):
@@ -112,7 +144,7 @@ def measure(bed, sender=0, receiver=1, nbytes=None, port=5201) -> LinkCheck:
             raise RuntimeError("link check failed (see the messages above)")
         result = json.loads(out)
         return LinkCheck(bed.rate_bps, requested_rtt, result["bytes"], result["seconds"],
-                         json.loads(sent)["rtt"])
+                         json.loads(sent)["rtt"], result["best_mbit_s"])
     finally:
         for proc in procs:
             if proc.poll() is None:
