@@ -317,20 +317,20 @@ def test_a_replacement_takes_the_members_early_stopping_and_learning_rate_counte
         f"ckpt-{e}.weights.h5" for e in range(1, 4)]
 
 
-def _death_during_admission(tmp_path, phase, dies, timeout):
-    """The launcher's 3-worker job in which worker 2 dies at step 10 and, while its
+def _death_during_admission(tmp_path, phase, dies, timeout, killed=2):
+    """The launcher's 3-worker job in which worker `killed` dies at step 10 and, while its
     replacement is admitted, worker `dies` dies as PHASE says (tests/workers/elastic_fit.py):
     every worker's result, once the job ended well with each dead worker started again
     once, identical weights, and the replacement still its first process."""
-    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", phase],
+    code, out, _ = launch(3, [WORKER, tmp_path, killed, 10, 4, "mlp", phase],
                           options=["--elastic"], timeout=timeout, extra_env={"WAIT_REJOIN": "1"})
     (tmp_path / "launcher.txt").write_text(out)  # the whole story; the messages keep its end
     assert code == 0, out[-4000:]
-    assert out.count("worker 2 starts again") == 1, out[-4000:]
+    assert out.count(f"worker {killed} starts again") == 1, out[-4000:]
     assert out.count(f"worker {dies} starts again") == 1, out[-4000:]
     results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(3)]
     assert len({r["sha"] for r in results}) == 1
-    assert results[2]["pid_start"] == results[2]["pid_end"]
+    assert results[killed]["pid_start"] == results[killed]["pid_end"]
     return results
 
 
@@ -391,5 +391,24 @@ def test_the_leader_dying_while_a_replacement_joins_costs_seconds_not_the_recove
     for worker in (1, 2):
         assert results[worker]["failures"][-1]["time"] - killed < 10, results[worker]
     assert results[1]["members"] == [1, 0, 2]
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_replacement_ranked_first_after_the_chiefs_death_does_not_give_its_state(tmp_path):
+    # Worker 1 dies at step 10; its replacement is admitted at rank 1 of [0, 1, 2], and the
+    # chief dies before the state broadcast. Of the survivors [1, 2] the replacement is
+    # rank 0, but it holds no trained state: the state must come from worker 2. (It came
+    # from rank 0: every worker ended identical, with the replacement's fresh variables,
+    # and the optimizer's step count set back to the replacement's.)
+    results = _death_during_admission(tmp_path, "admission-leader", 0, timeout=300, killed=1)
+    recovery = results[1]["failures"][-1]
+    assert recovery["dead"] == [0] and recovery["members"][:2] == [1, 2], recovery
+    assert recovery["source"] == 2, recovery
+    assert results[2]["failures"][-1]["source"] == 2, results[2]["failures"]
+    # Every global batch trained once (4 epochs of 27 steps); the replacement's own count,
+    # had its state been taken, is short of it by the steps it never ran.
+    assert [r["iterations"] for r in results] == [4 * 27] * 3, results
 
 

@@ -52,15 +52,64 @@ def _agree_all(shared, reports, timeout=2.0):
 
 def test_survivors_agree_on_members_and_the_step_to_resume_at():
     results = _agree_all(_Store(), [(0, (0, 1, 3), 11), (1, (0, 1, 3), 12), (3, (0, 1, 3), 11)])
-    assert results == {w: ((0, 1, 3), 12) for w in (0, 1, 3)}
+    assert results == {w: ((0, 1, 3), 12, 0) for w in (0, 1, 3)}
     assert membership.survivors((0, 1, 2, 3), [2]) == (0, 1, 3)
     assert membership.position((0, 1, 3), 3) == 2
+
+
+def test_the_state_comes_from_the_first_survivor_that_holds_it():
+    # Worker 1 replaced a dead worker; the chief died before the admission's state
+    # broadcast reached it. Worker 1 leads the agreement (first in rank order) but the
+    # state must come from worker 2, or the members would take the replacement's
+    # fresh variables.
+    shared = _Store()
+    results = {}
+
+    def run(me, holds):
+        results[me] = membership.agree(shared.set, shared.get, "g", me, (1, 2), 30, 2.0,
+                                       holds_state=holds)
+
+    threads = [threading.Thread(target=run, args=(1, False)),
+               threading.Thread(target=run, args=(2, True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {1: ((1, 2), 30, 2), 2: ((1, 2), 30, 2)}
+    # Nobody left holds it: every survivor stops, saying so, instead of going on with
+    # a replacement's variables.
+    shared = _Store()
+    errors = {}
+
+    def lost(me):
+        try:
+            membership.agree(shared.set, shared.get, "h", me, (1, 3), 30, 2.0,
+                             holds_state=False)
+        except MembershipError as err:
+            errors[me] = str(err)
+
+    threads = [threading.Thread(target=lost, args=(w,)) for w in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(errors) == [1, 3]
+    assert all("no survivor of (1, 3) holds the model's and optimizer's state" in e and
+               "Start the job again" in e for e in errors.values()), errors
+
+
+def test_too_few_survivors_are_named_with_their_addresses():
+    addresses = {0: "h0:1", 1: "h1:2", 2: "h2:3"}
+    membership.check_enough((0, 2), {1}, 2, addresses)
+    with pytest.raises(MembershipError, match=r"worker\(s\) \[1, 2\] \(h1:2, h2:3\) died; "
+                       r"1 worker\(s\) \[0\] are left, fewer than Elastic\(min_workers=2\)"):
+        membership.check_enough((0,), {2, 1}, 2, addresses)
 
 
 def test_a_silent_survivor_is_left_out_and_told_so():
     shared = _Store()
     results = _agree_all(shared, [(0, (0, 1, 2), 5), (1, (0, 1, 2), 5)], timeout=0.5)
-    assert results[0] == ((0, 1), 5) and results[1] == ((0, 1), 5)
+    assert results[0] == ((0, 1), 5, 0) and results[1] == ((0, 1), 5, 0)
     late = _agree_all(shared, [(2, (0, 1, 2), 5)])[2]
     assert isinstance(late, MembershipError) and "worker 2 was left out" in str(late)
 
@@ -76,7 +125,7 @@ def test_the_leader_stops_waiting_for_a_worker_that_died_after_the_health_check(
 
     shared, began = _Store(), time.monotonic()
     members = membership.agree(shared.set, shared.get, "g", 0, (0, 2), 7, 60.0, gone)
-    assert members == ((0,), 7)
+    assert members == ((0,), 7, 0)
     assert time.monotonic() - began < 3 * membership.CHECK_SECONDS
     assert asked == [2]
 
@@ -89,7 +138,7 @@ def test_a_slow_worker_still_alive_is_waited_for():
     members = membership.agree(shared.set, shared.get, "g", 0, (0, 1), 7, 60.0,
                                lambda worker: asked.append(worker) or False)
     # Asked each second until the report arrives (twice, or three times on a busy machine).
-    assert members == ((0, 1), 9) and set(asked) == {1} and 2 <= len(asked) <= 3
+    assert members == ((0, 1), 9, 0) and set(asked) == {1} and 2 <= len(asked) <= 3
 
 
 def test_only_the_latest_request_of_a_worker_not_in_the_job_counts():

@@ -46,6 +46,17 @@ def admitted(members: Sequence[int], joiners) -> Tuple[int, ...]:
     return members[:1] + tuple(sorted(set(members[1:]) | set(joiners)))
 
 
+def check_enough(alive: Sequence[int], dead, min_workers: int, addresses: Dict[int, str]):
+    """Raises MembershipError if fewer than `min_workers` are `alive` after `dead` died
+    (`addresses`: every worker's TF_CONFIG address, to name them)."""
+    if len(alive) < min_workers:
+        dead = sorted(dead)
+        raise MembershipError(
+            f"tfdist_ext: worker(s) {dead} ({', '.join(addresses[w] for w in dead)}) "
+            f"died; {len(alive)} worker(s) {list(alive)} are left, fewer than "
+            f"Elastic(min_workers={min_workers}). Restart the job, or lower min_workers.")
+
+
 def traced_for(members: Sequence[int], worker: int, addresses: Sequence[str]) -> tuple:
     """What a step function `worker` traced for `members` depends on: the world size,
     its rank and the members' hosts in rank order (the collectives' schedules; their
@@ -58,9 +69,9 @@ def traced_for(members: Sequence[int], worker: int, addresses: Sequence[str]) ->
 
 def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str],
           prefix: str, me: int, alive: Sequence[int], steps: int,
-          timeout: float, gone: Optional[Callable[[int], bool]] = None
-          ) -> Tuple[Tuple[int, ...], int]:
-    """The new membership and the step every member resumes at.
+          timeout: float, gone: Optional[Callable[[int], bool]] = None,
+          holds_state: bool = True) -> Tuple[Tuple[int, ...], int, Optional[int]]:
+    """The new membership, the step every member resumes at and where the state is.
 
     Args:
         kv_set: Stores a key (each key once).
@@ -76,27 +87,33 @@ def agree(kv_set: Callable[[str, str], None], kv_get: Callable[[str, float], str
             leader still waits for: True ends the wait for it (it died after
             this worker's health check, e.g. a replacement that crashed
             while joining), so the others do not wait out `timeout`.
+        holds_state: Whether this worker holds the training state (False for a
+            replacement whose state broadcast did not complete).
 
     Returns:
-        (members, steps): the members in order, and the most steps any ran.
+        (members, steps, source): the members in order, the most steps any
+        ran, and the first member that holds the state, from which the members
+        take it.
 
     Raises:
         MembershipError: this worker was left out (the others gave up on it),
-            or the leader did not publish within `timeout`.
+            no member holds the state, or the leader did not publish within
+            `timeout`.
     """
     alive = tuple(alive) if me in alive else tuple(alive) + (me,)
     leader = alive[0]
     try:
         return _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout,
-                      gone or (lambda worker: False))
+                      gone or (lambda worker: False), holds_state)
     except (OSError, EOFError) as err:  # the leader's store is unreachable
         raise LeaderLost(f"worker {me}: the meeting place of the survivors, worker "
                               f"{leader}'s store, failed ({type(err).__name__}: {err}): "
                               "it died too during the recovery.") from None
 
 
-def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone):
-    kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps)}))
+def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone, holds_state):
+    kv_set(f"{prefix}/report/{me}", json.dumps({"alive": alive, "steps": int(steps),
+                                                "state": bool(holds_state)}))
     if me == leader:
         deadline = time.monotonic() + timeout
         reports: Dict[int, dict] = {}
@@ -106,7 +123,9 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone):
             if report is not None:
                 reports[worker] = report
         members = tuple(w for w in alive if w in reports)
-        decision = {"members": members, "steps": max(r["steps"] for r in reports.values())}
+        decision = {"members": members, "steps": max(r["steps"] for r in reports.values()),
+                    "source": next((w for w in members if reports[w].get("state", True)),
+                                   None)}
         kv_set(f"{prefix}/members", json.dumps(decision))
     else:
         try:
@@ -121,7 +140,13 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone):
     if me not in members:
         raise MembershipError(f"worker {me} was left out of the new membership {members} "
                               f"(the others did not hear from it within {timeout:g} s).")
-    return members, int(decision["steps"])
+    if decision["source"] is None:
+        raise MembershipError(
+            f"worker {me}: no survivor of {members} holds the model's and optimizer's "
+            "state (each is a replacement whose admission failed before the state reached "
+            "it; the members that held it died). Start the job again (BackupAndRestore "
+            "resumes at its last backup).")
+    return members, int(decision["steps"]), decision["source"]
 
 
 def _report(kv_get, key, deadline, gone):

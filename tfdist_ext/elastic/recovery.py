@@ -14,8 +14,9 @@ discarded and the survivors go on in the same processes:
 4. Rebuild: new communicators for the new world size and rank (`CrossDeviceOps.
    reconfigure`); Keras' functions traced again, or reused where this worker had the
    same rank among as many members on the same hosts (`keras.elastic_steps`).
-5. Agree on state: the new rank 0 broadcasts the model's and optimizer's variables;
-   survivors that ran fewer steps skip the difference. A new rank 0 is the chief.
+5. Agree on state: the first survivor that holds it (not a replacement whose
+   admission failed) broadcasts the model's and optimizer's variables; survivors
+   that ran fewer steps skip the difference. A new rank 0 is the chief.
 
 The survivors split each global batch (`keras.local_input`), so no shard is lost.
 A replacement (the dead worker's script started again) finds the members
@@ -58,13 +59,15 @@ class Recovery:
         generation: How many times the membership changed.
         failures: One dict per change: "generation", "step" (this worker's steps so
             far, the failed one included), "dead", "members", "skipped" (steps this
-            worker skips to be level with the others), "seconds" (from the failed
-            step to the new membership) and "time" (`time.time()` then).
+            worker skips to be level), "source" (the worker the state came from),
+            "seconds" (from the failed step to the new membership), "time".
         joins: One dict per admission of replacement workers: "generation",
             "step", "joined", "members", "time", "pause" (seconds of its parts).
         leaves: One dict per departure (`leaving`): "generation", "step", "left",
             "members", "time" and "reason".
         replacement: Whether this process joined a running job (a replacement).
+        holds_state, state_root: Whether this worker holds the training state (a
+            replacement once its admission's broadcast completed); the rank it comes from.
         found: The members a replacement found running (at its start, `look_again`).
         rehearsing: A replacement traces its step as a member (`rehearsal`).
         join_flag, join_agreed: float32 variables: a join request this worker (the
@@ -105,6 +108,7 @@ class Recovery:
         self._stores, running = joining.stores_at_start(self._prefix, self.me, self.members,
                                                         self._store.address)
         self.joining = self.replacement = running is not None
+        self.holds_state, self.state_root = not self.joining, 0  # (see Attributes)
         self.found = tuple(running or ())
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         self._requests = admission.Requests(
@@ -193,6 +197,7 @@ class Recovery:
         """Goes on as a member of `members` (generation `generation`)."""
         was_chief = self.members[0] == self.me and not self.joining
         rank = membership.position(members, self.me)
+        self.state_root = 0
         with self._lock:
             self.generation, self.members = generation, members
             self._strategy.reconfigure_workers(rank, len(members), generation, self._meeting())
@@ -226,8 +231,7 @@ class Recovery:
                     f"generation {self.generation}'s communicators."))
         return store.Client(self._stores[self.members[0]], check)
 
-    def kv(self, leader=None):
-        """The members' meeting place: `leader`'s store (default: the first member's)."""
+    def kv(self, leader=None):  # the members' meeting place: `leader`'s (or rank 0's) store
         return store.Client(self._stores[self.members[0] if leader is None else leader])
 
     @contextlib.contextmanager
@@ -240,8 +244,7 @@ class Recovery:
             self._on_promotion.remove(callback)
 
     def data_split(self):
-        """(part, parts): int64 variables of this worker's rank and the member count, by
-        which Keras' input (`keras.local_input`) splits each global batch."""
+        """(rank, members): int64 variables; Keras' input splits by them (`local_input`)."""
         return self._split
 
     def look_again(self) -> bool:
@@ -341,7 +344,7 @@ class Recovery:
         raise AssertionError("unreachable")
 
     def recover_and_share(self, error, steps, variables, rebuild=lambda: None) -> int:
-        """`recover`, `rebuild()`, then rank 0's state to everyone (`broadcast_state`
+        """`recover`, `rebuild()`, then the state to everyone (`broadcast_state`
         of `variables()`); a death in the broadcast makes the survivors agree again, up
         to `RECOVERY_ATTEMPTS` times. Returns the steps to skip (as `recover`)."""
         for attempt in range(RECOVERY_ATTEMPTS):
@@ -367,34 +370,31 @@ class Recovery:
         alive = membership.survivors(self.members, dead)
         fencing.check_quorum(self.me, self.members, alive,
                              [w for w, kind in dead.items() if kind == health.GONE])
-        self._check_enough(alive, dead)
+        membership.check_enough(alive, dead, self.options.min_workers, self._addresses)
         generation = self.next_generation()
         meeting = self.kv(leader=alive[0])
-        members, level = membership.agree(
+        members, level, source = membership.agree(
             meeting.set, meeting.get, f"{self._prefix}/elastic/{generation}", self.me, alive,
             steps, self.options.recover_seconds,
-            gone=lambda worker: bool(self.dead_members([worker])))
-        self._check_enough(members, sorted(set(self.members) - set(members)))
+            gone=lambda worker: bool(self.dead_members([worker])), holds_state=self.holds_state)
+        membership.check_enough(members, set(self.members) - set(members),
+                                self.options.min_workers, self._addresses)
         lost = sorted(set(self.members) - set(members))
         self.change(generation, members)
+        self.state_root = membership.position(members, source)  # not a replacement's
         self.failures.append({"generation": generation, "step": steps, "dead": lost,
                               "members": list(members), "skipped": level - steps,
-                              "seconds": time.monotonic() - start, "time": time.time()})
+                              "source": source, "seconds": time.monotonic() - start,
+                              "time": time.time()})
         log.warning("tfdist_ext: worker(s) %s died (%s); step %d discarded, %d worker(s) %s "
                     "go on (generation %d, %.1f s).", lost,
                     " ".join(str(error).split())[:200], steps, len(members), list(members),
                     generation, time.monotonic() - start)
         return level - steps
 
-    def _check_enough(self, alive, dead):
-        if len(alive) < self.options.min_workers:
-            raise membership.MembershipError(
-                f"tfdist_ext: worker(s) {sorted(dead)} ({', '.join(self._addresses[w] for w in sorted(dead))}) "
-                f"died; {len(alive)} worker(s) {list(alive)} are left, fewer than "
-                f"Elastic(min_workers={self.options.min_workers}). Restart the job, or lower "
-                "min_workers.")
-
     def broadcast_state(self, variables):
-        """Gives every member rank 0's values of `variables` (eager; `state_sync.broadcast`)."""
+        """Gives every member the values of `variables` (eager; `state_sync.broadcast`)
+        of rank 0, or after a recovery of the first survivor that held the state."""
         state_sync.broadcast(self._strategy.extended.cross_device_ops.engines.main(),
-                             variables)
+                             variables, root=self.state_root)
+        self.holds_state = True
