@@ -412,3 +412,33 @@ def test_a_replacement_ranked_first_after_the_chiefs_death_does_not_give_its_sta
     assert [r["iterations"] for r in results] == [4 * 27] * 3, results
 
 
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
+def test_a_stop_carried_with_a_join_request_leaves_after_the_admission(tmp_path):
+    # Worker 2 dies at step 10 and is started again; the chief sends itself SIGTERM
+    # before the step that carries the replacement's join request, so one step carries
+    # both. The members admit the replacement, then the chief leaves after the next step,
+    # which the replacement runs too (the members used to ask the replacement whether it
+    # left, wait 60 s for an answer it never gives, and fail their fit).
+    code, out, _ = launch(3, [WORKER, tmp_path, 2, 10, 4, "mlp", "sigterm-join"],
+                          options=["--elastic"], timeout=240,
+                          extra_env={"WAIT_REJOIN": "1", "WAIT_REJOIN_SECONDS": "40"})
+    (tmp_path / "launcher.txt").write_text(out)
+    assert code == 0, out[-4000:]
+    assert out.count("worker 2 starts again") == 1 and "worker 0 starts again" not in out, \
+        out[-4000:]
+    assert "received SIGTERM; this worker leaves the job" in out, out[-4000:]
+    signalled = float((tmp_path / "sigterm.txt").read_text())
+    assert not (tmp_path / "w0.json").exists()  # it left
+    results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in (1, 2)]
+    (admission,) = results[0]["joins"]
+    (left,) = results[0]["leaves"]
+    assert admission["joined"] == [2] and admission["members"] == [0, 1, 2], admission
+    assert left["left"] == [0] and left["members"] == [1, 2], left
+    assert left["step"] == admission["step"] + 1, (admission, left)
+    assert left["time"] - signalled < 10, (left, signalled)
+    assert results[1]["leaves"] == [dict(left, time=results[1]["leaves"][0]["time"])]
+    assert len({r["sha"] for r in results}) == 1
+    assert results[0]["iterations"] == results[1]["iterations"] == 4 * 27

@@ -23,7 +23,9 @@ worker runs its rehearsed step, before it asks to join (OUT_DIR/member_killed.tx
 its address for their new communicators; "sigterm": as "train", but worker
 KILL_WORKER is sent SIGTERM instead, as a scheduler's preemption, and leaves;
 "sigstop": as "train", but worker KILL_WORKER stops itself with SIGSTOP, for the
-test to continue it; "two": as "train", and worker KILL_WORKER + 1 (mod 3) is
+test to continue it; "sigterm-join": as "train", and worker 0 sends itself SIGTERM before
+the step that carries the join request of worker KILL_WORKER's replacement
+(OUT_DIR/sigterm.txt: when), so that step carries both; "two": as "train", and worker KILL_WORKER + 1 (mod 3) is
 killed at the same step; "backup": as "train", and every worker has the user's
 `BackupAndRestore(OUT_DIR/backup)`, so that a replacement finds the backup of an
 earlier epoch at its start; "earlystop": as "train", and every worker has
@@ -212,7 +214,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
             members_fit.run_rehearsal = rehearse_as_a_member_dies
     kill_phase = "train" if phase in ("recovery", "admission", "admission-leader", "wire-up",
                                       "sigterm", "sigstop", "backup", "earlystop",
-                                      "two", "rehearsal") else phase
+                                      "two", "rehearsal", "sigterm-join") else phase
     sent = {"sigterm": signal.SIGTERM, "sigstop": signal.SIGSTOP}.get(phase, signal.SIGKILL)
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
@@ -229,6 +231,16 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                 os.kill(os.getpid(), signal.SIGKILL)
 
         kill.append(keras.callbacks.LambdaCallback(on_train_batch_begin=die_once_rehearsing))
+    if phase == "sigterm-join" and index == 0 and not strategy.elastic.replacement:
+        signalled = os.path.join(out_dir, "sigterm.txt")
+
+        def stop_with_the_join(batch, logs):  # the leader's join flag rides this step
+            if float(strategy.elastic.join_flag.numpy()) > 0 and not os.path.exists(signalled):
+                with open(signalled, "w", encoding="utf-8") as f:
+                    f.write(str(time.time()))
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        kill.append(keras.callbacks.LambdaCallback(on_train_batch_begin=stop_with_the_join))
     if phase == "straggler" and index == int(kill_worker):
         kill.append(keras.callbacks.LambdaCallback(  # slow from step KILL_STEP on
             on_train_batch_begin=lambda batch, logs: time.sleep(0.05)

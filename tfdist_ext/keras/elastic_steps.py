@@ -166,7 +166,8 @@ def wrap(train_function, model, strategy, phase="train"):
         progress.logs = logs
         if phase == "train" and recovery.stragglers is not None:
             _check_stragglers(recovery, strategy, progress.steps)
-        if phase == "train" and recovery.join_requested():
+        admitting = phase == "train" and recovery.join_requested()
+        if admitting:
             tested = _progress[model].get("test")
             try:
                 began = time.monotonic()
@@ -186,7 +187,10 @@ def wrap(train_function, model, strategy, phase="train"):
                 # A replacement, or the leader, died during the admission.
                 _recover(recovery, model, progress, err)
         if phase == "train" and _stop_requested(strategy, progress):
-            _leave(recovery, model, progress, strategy.preemption)
+            if admitting:  # the next step carries it again, with the replacement, who
+                strategy.preemption.agreed.assign(0.0)  # never ran this one
+            else:
+                _leave(recovery, model, progress, strategy.preemption)
         return logs
 
     return run
