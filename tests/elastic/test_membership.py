@@ -177,7 +177,8 @@ def test_the_members_answer_a_replacement_at_their_tf_config_port():
     port = free_ports(1)[0]
     assert beacon.running_job([f"127.0.0.1:{port}"], tries=1, seconds=0.2) is None
     state = {"stores": {"0": "127.0.0.1:1"}, "members": [0, 1], "generation": 3}
-    assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: state)
+    answering = [state]
+    assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: answering[0])
     assert beacon.running_job([f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{port}"]) == {
         "tfdist/x": state}
     # `Recovery.look_again`: the members and their stores as a member answers now, the
@@ -190,6 +191,11 @@ def test_the_members_answer_a_replacement_at_their_tf_config_port():
     state["members"] = [0]
     assert joining.members_now("tfdist/x", 1, addresses)[0] == (0,)
     assert joining.members_now("tfdist/other", 1, addresses) is None
+    # A replacement not yet admitted (its state None) does not answer: another replacement
+    # asking it must not take the TF_CONFIG workers it starts with for the running job.
+    answering[0] = None
+    assert beacon.running_job([f"127.0.0.1:{port}"], tries=1, seconds=0.3) is None
+    assert joining.members_now("tfdist/x", 1, addresses) is None
 
 
 def test_the_leader_hears_of_a_join_request_when_it_arrives():

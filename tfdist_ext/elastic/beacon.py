@@ -44,7 +44,8 @@ def serve(address: str, prefix: str, state: Callable[[], dict]) -> bool:
         address: This worker's TF_CONFIG "host:port".
         prefix: The elastic strategy's key prefix (one process may run several).
         state: Returns a JSON-able dict: "stores" (worker index -> store
-            address), "members" and "generation".
+            address), "members" and "generation"; or None, not to answer (a
+            replacement not yet admitted is not a member of the running job).
 
     Returns:
         Whether the port could be bound (False: logged; a replacement for
@@ -81,6 +82,7 @@ def _answer(sock):
             continue
         with _lock:
             states = {prefix: state() for prefix, state in _answers.items()}
+        states = {prefix: state for prefix, state in states.items() if state is not None}
         try:
             sock.sendto(json.dumps(states).encode(), sender)
         except OSError:

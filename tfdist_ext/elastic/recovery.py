@@ -118,9 +118,10 @@ class Recovery:
         self.stragglers = None if options.straggler_factor is None else stragglers.Monitor(
             self.me, len(self._addresses), options.straggler_factor, options.straggler_steps)
 
-    def _beacon_state(self):
-        return {"stores": {str(w): a for w, a in self._stores.items()},
-                "members": list(self.members), "generation": self.generation}
+    def _beacon_state(self):  # a replacement not yet admitted does not answer (None)
+        stores = {str(w): a for w, a in self._stores.items()}
+        return None if self.joining else {"stores": stores, "members": list(self.members),
+                                          "generation": self.generation}
 
     def join_requested(self) -> bool:
         """Whether the last step's all-reduce carried a join request (every member agrees)."""
@@ -360,9 +361,8 @@ class Recovery:
         raise AssertionError("unreachable")
 
     def next_generation(self) -> int:
-        """The generation of the next membership change: one past any this worker
-        tried, so that survivors whose last attempt failed at different points
-        meet under the same name."""
+        """The generation of the next membership change: one past any this worker tried,
+        so that survivors whose last attempt failed at different points meet alike."""
         self._attempted = max(self.generation, self._attempted) + 1
         return self._attempted
 
