@@ -22,6 +22,7 @@ try:
     from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
     from tensorflow.python.distribute import cross_device_utils
     from tensorflow.python.distribute import distribute_lib
+    from tensorflow.python.distribute import distribute_utils
     from tensorflow.python.distribute import input_lib
     from tensorflow.python.distribute import multi_worker_util
     from tensorflow.python.distribute import reduce_util
@@ -81,6 +82,8 @@ group_by_size = cross_device_utils.group_by_size
 TFOptimizer = keras_tf_optimizer.TFOptimizer
 TensorFlowTrainer = keras_tf_trainer.TensorFlowTrainer
 PerReplica = distribute_values.PerReplica
+Mirrored = distribute_values.Mirrored
+regroup = distribute_utils.regroup
 # `tfdist_ext.keras.patches` wraps `TFOptimizer._backend_apply_gradients` and
 # `LossScaleOptimizer._tf_apply` (`keras.optimizer_fixes`) so that clipping,
 # gradient accumulation and loss-scale skips decide on the all-reduced gradients.

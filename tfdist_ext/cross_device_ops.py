@@ -309,6 +309,27 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
             return tf.reshape(gathered, [shape[0] * self._group_size] + shape[1:])
         return self._launchers[replica_id].all_gather(tensor, 0, options)
 
+    def _batch_all_gather(self, per_replica_values, axis, options):
+        """`strategy.gather` (Keras' `predict` across workers concatenates its outputs
+        so) on the UCX engine, whose communicators follow an elastic job's members;
+        TF's are fixed at the start. Lengths along `axis` may differ between replicas.
+        Ranks below 1 and dtypes the engine lacks (bool aside) take TF's path."""
+        values = [v for per_replica in per_replica_values for v in per_replica.values]
+        if (self._group_size == 1 or self.config.engine != "ucx"
+                or not all(v.shape.rank and (v.dtype in ucx_engine.SUPPORTED_DTYPES
+                                             or v.dtype == tf.bool) for v in values)):
+            return super()._batch_all_gather(per_replica_values, axis, options)
+        engine = self.engines.main()
+
+        def gather_all():
+            return [[_gather_along(engine, value, i, axis)
+                     for i, value in enumerate(per_replica.values)]
+                    for per_replica in per_replica_values]
+
+        # In-process replicas meet only when their collectives run in one function.
+        gathered = tf.function(gather_all)() if tf.executing_eagerly() else gather_all()
+        return [_compat.regroup(outputs, wrap_class=_compat.Mirrored) for outputs in gathered]
+
     def _gradient_reduction_of(self, reduction, replica_id, options):
         """A `reduction_hooks.GradientReduction` for one replica's share of a
         (pseudo-)gradient all-reduce."""
@@ -339,3 +360,22 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                               engine_role=self._engine_role,
                               densify_sparse=self.densify_sparse,
                               calibration=self.choice.calibration)
+
+
+def _gather_along(engine, value, local_index, axis):
+    """Every replica's `value` concatenated along `axis` in rank order (the engine's
+    `all_gather_v`; the other dimensions equal on every replica)."""
+    rank = value.shape.rank
+    axis = axis + rank if axis < 0 else axis
+    order = [axis] + [d for d in range(rank) if d != axis]
+    with tf.device(engine.devices[local_index]):
+        front = tf.transpose(value, order) if axis else value
+        flat = tf.reshape(front, [-1])
+        if value.dtype == tf.bool:
+            flat = tf.cast(flat, tf.int32)
+        gathered = engine.all_gather_v(flat, local_index, label="tfdist/gather")
+        if value.dtype == tf.bool:
+            gathered = tf.cast(gathered, tf.bool)
+        out = tf.reshape(gathered, tf.concat([[-1], tf.shape(front)[1:]], 0))
+        out.set_shape([None] + front.shape[1:])
+        return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out

@@ -1,0 +1,65 @@
+"""`strategy.gather` (what Keras' `predict` concatenates its outputs with across
+workers) on the UCX engine: every replica's value along an axis, in rank order, as
+numpy concatenates them, whatever the lengths along that axis (zero included).
+
+Logical CPU replicas in this process: 2 and 3 (odd, not a power of two). Elastic jobs
+need it on the engine: TF's own gather is wired for the first members only
+(tests/elastic/test_elastic.py gathers after a replacement joined).
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist_ext
+from tfdist_ext.ops import ucx as ucx_ops
+
+pytestmark = pytest.mark.skipif(ucx_ops.problem() is not None, reason="UCX engine not built")
+
+DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.bool]
+
+
+@functools.lru_cache(maxsize=None)
+def _strategy(replicas, engine="ucx"):
+    return tfdist_ext.Strategy(num_replicas=replicas, engine=engine)
+
+
+def _value(replica, dtype, axis, lengths):
+    """Replica `replica`'s tensor: `lengths[replica]` long along `axis`, shape (n, 2, 3)
+    with n moved to `axis`."""
+    n = lengths[replica]
+    values = np.arange(n * 6).reshape(n, 2, 3) + 100 * replica
+    values = np.moveaxis(values, 0, axis)
+    return values % 2 == 1 if dtype == tf.bool else values.astype(dtype.as_numpy_dtype)
+
+
+def _gather(strategy, dtype, axis, lengths):
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(_value(context.replica_id_in_sync_group, dtype, axis,
+                                           lengths)))
+    return strategy.gather(per_replica, axis=axis)
+
+
+@pytest.mark.parametrize("replicas,lengths", [(2, (3, 1)), (3, (2, 0, 5)), (3, (4, 4, 4))])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_gather_equals_numpy_along_each_axis(replicas, lengths, dtype):
+    strategy = _strategy(replicas)
+    for axis in (0, 1, -1):
+        got = _gather(strategy, dtype, axis, lengths)
+        want = np.concatenate([_value(r, dtype, axis, lengths) for r in range(replicas)],
+                              axis=axis)
+        assert got.dtype == dtype and tuple(got.shape) == want.shape, (axis, got.shape)
+        np.testing.assert_array_equal(np.asarray(got.numpy(), want.dtype), want)
+
+
+def test_gather_runs_on_the_engine_and_equals_tfs_own():
+    # The traced gather holds the engine's variable-length all-gather, not TF's op.
+    lengths = (2, 0, 5)
+    ours = _strategy(3)
+    graph = tf.function(lambda: _gather(ours, tf.float32, 0, lengths)).get_concrete_function()
+    ops = {op.type for op in graph.graph.get_operations()}
+    assert "TfdistUcxAllGatherV" in ops and "CollectiveGatherV2" not in ops, sorted(ops)
+    theirs = _gather(_strategy(3, "tf"), tf.float32, 0, lengths)
+    np.testing.assert_array_equal(_gather(ours, tf.float32, 0, lengths).numpy(), theirs.numpy())
