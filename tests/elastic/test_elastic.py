@@ -24,6 +24,25 @@ def uninterrupted(tmp_path_factory):
     return whole[0]
 
 
+def _epochs_logged(folder):
+    """The epochs of the `epoch_loss` summaries in TensorBoard's event files in `folder`."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return sorted(event.step for path in folder.glob("events.out.tfevents.*")
+                  for event in tf.compat.v1.train.summary_iterator(str(path))
+                  if any(value.tag == "epoch_loss" for value in event.summary.value))
+
+
+def _assert_predict_and_evaluate_alike(results):
+    """After a replacement joined, `predict` gathers every worker's rows (TF's own
+    collectives, made for the first members, would fail on a replaced worker) and
+    `evaluate` sums over the members: the same answer on every worker, the model's."""
+    results = list(results)
+    for r in results:
+        assert r["predict_shape"] == [200, 4] and r["predict_error"] < 1e-5, r
+    assert len({r["predict_sha"] for r in results}) == 1, results
+    assert len({json.dumps(r["evaluate"]) for r in results}) == 1, results
+
+
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
@@ -53,6 +72,7 @@ def test_a_killed_worker_started_again_rejoins_and_all_end_alike(tmp_path, kille
     assert replacement["failures"] == []
     # The replacement ends with the members' weights, optimizer state and step count.
     assert len({r["sha"] for r in results.values()}) == 1, results
+    _assert_predict_and_evaluate_alike(results.values())
     assert len({r["optimizer_sha"] for r in results.values()}) == 1
     assert all(r["iterations"] == 4 * 27 for r in results.values())
     leader = texts[survivors[0]]
@@ -127,6 +147,15 @@ def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path, k
     # Worker 1 wrote every checkpoint after worker 0's death (at step 10: all of them).
     assert sorted(p.name for p in (tmp_path / "chief").glob("ckpt-*")) == [
         f"ckpt-{e}.weights.h5" for e in range(1, 5)]
+    # The user's CSV log holds every epoch once: worker 0's up to its death, worker 1's
+    # after it. TensorBoard's events likewise, but for what the SIGKILLed chief had not
+    # flushed (its writer's queue).
+    rows = (tmp_path / "chief" / "training.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == \
+        ["0", "1", "2", "3"], rows
+    logged = _epochs_logged(tmp_path / "chief" / "logs" / "train")
+    assert len(set(logged)) == len(logged) and set(logged) >= (
+        {0, 1, 2, 3} if kill_step == 10 else {3}), logged
 
 
 @NO_UCX
@@ -225,6 +254,7 @@ def test_the_launcher_starts_a_dead_worker_again(tmp_path, killed, model, uninte
     survivors = [w for w in range(3) if w != killed]
     members = [1, 0, 2] if killed == 0 else [0, 1, 2]  # the chief, then by index
     assert len({r["sha"] for r in results}) == 1
+    _assert_predict_and_evaluate_alike(results)
     assert all(r["members"] == members for r in results)
     killed_at = float((tmp_path / "killed.txt").read_text())
     for w in survivors:

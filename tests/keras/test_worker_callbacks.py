@@ -26,6 +26,8 @@ def test_checkpoint_tensorboard_csv_and_backup_write_once(tmp_path):
     assert len(list((tmp_path / "logs" / "comm").glob("events.out.tfevents.*"))) == 1
     rows = (tmp_path / "log.csv").read_text().strip().splitlines()
     assert rows[0].startswith("epoch,loss") and len(rows) == 4, rows
+    rows = (tmp_path / "alone" / "log.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("epoch,loss") and len(rows) == 2, rows
     assert not (tmp_path / "backup").exists()  # the chief deleted it at the end
 
 

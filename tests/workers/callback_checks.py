@@ -3,9 +3,9 @@
     python callback_checks.py OUT_DIR files
     python callback_checks.py OUT_DIR resume|preempt [CRASH_EPOCH] [OPTIONS_JSON]
 
-`files`: a 3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger,
-BackupAndRestore and tfdist_ext's CommunicationStats writing under OUT_DIR,
-as a user would write them.
+`files`: a 1-epoch fit with a CSVLogger alone (OUT_DIR/alone/log.csv), then a
+3-epoch fit with Keras' ModelCheckpoint, TensorBoard, CSVLogger, BackupAndRestore
+and tfdist_ext's CommunicationStats writing under OUT_DIR, as a user would write them.
 `resume`: a 4-epoch fit with BackupAndRestore(OUT_DIR/backup); with
 CRASH_EPOCH, worker 1 kills itself (SIGKILL) in the middle of that epoch (in
 the first attempt only, when `tfdist-run --max-restarts` starts it again);
@@ -52,6 +52,11 @@ def main(out_dir, mode, crash_epoch=None, options="{}"):
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(20)
     if mode == "files":
+        # A CSVLogger alone, in a folder of its own: no other callback makes the folders
+        # of a worker's private copy for it.
+        os.makedirs(os.path.join(out_dir, "alone"), exist_ok=True)
+        model.fit(data, epochs=1, verbose=0,
+                  callbacks=[keras.callbacks.CSVLogger(os.path.join(out_dir, "alone", "log.csv"))])
         callbacks = [
             keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "ckpt-{epoch}.keras")),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs")),

@@ -37,9 +37,10 @@ KILL_WORKER takes its namespace's link down instead, and stays cut off);
 worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
-weights, the strategy's recorded failures and members, the loss history and
-the test accuracy; the chief (worker 0, or the lowest survivor after its death)
-writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch. With WAIT_REJOIN=1 in
+weights, its `predict` and `evaluate` of 200 test rows after the fit, the strategy's
+recorded failures and members, the loss history and the test accuracy; the chief (worker 0, or the lowest survivor after its death)
+writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch, OUT_DIR/training.csv
+(CSVLogger) and OUT_DIR/logs (TensorBoard). With WAIT_REJOIN=1 in
 the environment, the members sleep 1 s after each step while the job is
 short of a worker (at most 120 s, or WAIT_REJOIN_SECONDS), leaving a replacement
 time to start and join.
@@ -271,23 +272,34 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
         checkpoint = [checkpoint, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))]
     else:
         checkpoint = [checkpoint]
+    checkpoint += [keras.callbacks.CSVLogger(os.path.join(out_dir, "training.csv")),
+                   keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), write_graph=False,
+                                               profile_batch=0)]
     history = model.fit(**inputs, epochs=int(epochs), verbose=0, callbacks=kill + checkpoint,
                         validation_data=validation, validation_batch_size=96)
     accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
+    traced = {"reused_functions": elastic_steps.reused_functions(model),
+              "rehearsed": elastic_steps.rehearsed_for(model),
+              "train_traces": tfdist_ext._compat.keras_iterator_function(  # pylint: disable=protected-access
+                  model.train_function).experimental_get_tracing_count()}
+    # After the fit, on the members it ended with: the gather of predict's outputs and
+    # evaluate's sums (200 rows: the workers' last batches are partial and unequal).
+    predicted = model.predict(x_test[:200], batch_size=64, verbose=0)
+    evaluated = model.evaluate(x_test[:200], y_test[:200], batch_size=64, verbose=0)
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
     optimizer = b"".join(np.asarray(v).tobytes() for v in model.optimizer.variables)
     recovery = strategy.elastic
     with open(os.path.join(out_dir, f"w{index}.json"), "w", encoding="utf-8") as f:
-        json.dump({"pid_start": pid, "pid_end": os.getpid(),
-                   "reused_functions": elastic_steps.reused_functions(model),
-                   "rehearsed": elastic_steps.rehearsed_for(model),
-                   "train_traces": tfdist_ext._compat.keras_iterator_function(  # pylint: disable=protected-access
-                       model.train_function).experimental_get_tracing_count(),
+        json.dump({"pid_start": pid, "pid_end": os.getpid(), **traced,
                    "sha": hashlib.sha256(weights).hexdigest(),
                    "optimizer_sha": hashlib.sha256(optimizer).hexdigest(),
                    "failures": recovery.failures, "members": list(recovery.members),
                    "joins": recovery.joins, "leaves": recovery.leaves,
                    "loss": history.history["loss"], "accuracy": accuracy,
+                   "predict_shape": list(predicted.shape),
+                   "predict_error": float(np.max(np.abs(predicted - model(x_test[:200])))),
+                   "predict_sha": hashlib.sha256(predicted.tobytes()).hexdigest(),
+                   "evaluate": evaluated,
                    "iterations": int(model.optimizer.iterations.numpy()),
                    "seconds": time.time() - started}, f)
 

@@ -15,7 +15,9 @@ the worker they run on, as tf.keras 2 did:
   variables, which takes collectives every worker must join) but writes into
   a private temporary directory, deleted when `fit` returns. Its
   `BackupAndRestore` restores from the shared backup directory and never
-  deletes it.
+  deletes it. One that becomes the chief (elastic training, after the chief's
+  death) writes where the user asked from then on: its CSVLogger appends to
+  the dead chief's file.
 * `BackupAndRestore` also backs up each worker's `Strategy.state`
   (error-feedback residuals, DGC velocities, step counters, model-averaging
   learners), so a restarted job resumes exactly where the backup was taken.
@@ -78,12 +80,45 @@ def for_this_worker(callbacks, strategy):
 
 
 def _write_where_asked(redirected):
-    """This worker became the chief (elastic training): ModelCheckpoint writes where
-    the user asked from now on. TensorBoard and CSVLogger opened their files at the
-    start of `fit` and keep them."""
+    """This worker became the chief (elastic training): its callbacks write where the
+    user asked from now on. `CSVLogger` appends its next epochs to the dead chief's
+    file (a header only if that file is empty); `TensorBoard` closes its writers, and
+    the next events go to new files in the user's log directory, beside the dead
+    chief's; `ModelCheckpoint` saves there."""
     for obj, name, value, existed in redirected:
-        if existed and isinstance(obj, keras.callbacks.ModelCheckpoint) and name == "filepath":
+        if not existed:
+            continue
+        if isinstance(obj, keras.callbacks.ModelCheckpoint) and name == "filepath":
             setattr(obj, name, value)
+        elif isinstance(obj, keras.callbacks.CSVLogger) and name == "filename":
+            _append_where_asked(obj, value)
+        elif isinstance(obj, keras.callbacks.TensorBoard) and name == "log_dir":
+            _log_where_asked(obj, value)
+
+
+def _append_where_asked(logger, filename):
+    if logger.csv_file is not None and not logger.csv_file.closed:
+        logger.csv_file.close()
+    logger.filename = filename
+    logger.append_header = not (tf.io.gfile.exists(filename)
+                                and tf.io.gfile.stat(filename).length > 0)
+    if "://" in filename:  # as Keras opens it: TF's file for a remote path
+        logger.csv_file = tf.io.gfile.GFile(filename, "a")
+    else:
+        logger.csv_file = open(filename, "a", encoding="utf-8")  # pylint: disable=R1732
+    logger.writer = None  # made again, over the new file, at the next epoch's end
+
+
+def _log_where_asked(board, log_dir):
+    writers = getattr(board, "_writers", None)
+    if writers is None or not hasattr(board, "_log_write_dir"):
+        return  # another Keras: it goes on writing in its private directory
+    for writer in writers.values():
+        writer.close()
+    board.log_dir = board._log_write_dir = log_dir  # pylint: disable=protected-access
+    board._train_dir = os.path.join(log_dir, "train")  # pylint: disable=protected-access
+    board._val_dir = os.path.join(log_dir, "validation")  # pylint: disable=protected-access
+    board._writers = {}  # pylint: disable=protected-access
 
 
 def _set(restore, obj, name, value):
@@ -103,7 +138,9 @@ def _redirect(callback, private, restore):
     elif isinstance(callback, keras.callbacks.TensorBoard):
         _set(restore, callback, "log_dir", _private_path(private, callback.log_dir))
     elif isinstance(callback, keras.callbacks.CSVLogger):
-        _set(restore, callback, "filename", _private_path(private, callback.filename))
+        path = _private_path(private, callback.filename)
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # it opens the file, in no folder
+        _set(restore, callback, "filename", path)
 
 
 _BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path",
