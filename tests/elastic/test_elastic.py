@@ -161,6 +161,22 @@ def test_the_chiefs_death_is_survived_and_the_next_chief_checkpoints(tmp_path, k
 @NO_UCX
 @pytest.mark.multiworker
 @pytest.mark.alone
+def test_batch_norm_statistics_are_averaged_after_a_replacement_joined(tmp_path):
+    # Worker 2 dies two steps before the first epoch's end (27 steps), which the two
+    # survivors reach before its replacement joins: they average the moving statistics
+    # as two. The function that averages, traced for them, must not run on their
+    # destroyed communicators at the next epoch's end, once the replacement joined.
+    codes, texts, results = run_job(tmp_path, "bn", kill_worker=2, kill_step=25,
+                                     extra=("3", "mlp-bn"), restart=True)
+    assert codes[:2] == [0, 0] and codes[3] == 0, [t[-3000:] for t in texts]
+    assert [j["joined"] for j in results[0]["joins"]] == [[2]], results[0]
+    assert len({r["sha"] for r in results.values()}) == 1, results  # the statistics too
+    _assert_predict_and_evaluate_alike(results.values())
+
+
+@NO_UCX
+@pytest.mark.multiworker
+@pytest.mark.alone
 def test_a_death_during_validation_is_survived(tmp_path):
     codes, texts, results = run_job(tmp_path, "validation", kill_worker=2, kill_step=5,
                                      extra=(4, "mlp", "test"))

@@ -3,7 +3,8 @@
     python elastic_fit.py OUT_DIR KILL_WORKER KILL_STEP [EPOCHS [MODEL [PHASE]]]
 
 Every worker trains the same MLP (MODEL "mlp", the default; "mlp-unbuilt": the same
-without an Input, built by Keras when fit begins; "embedding": an
+without an Input, built by Keras when fit begins; "mlp-bn": with a BatchNormalization
+layer, whose moving statistics the workers average at each epoch's end; "embedding": an
 Embedding layer, whose gradients are IndexedSlices, on integer features) on
 its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
 momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
@@ -132,6 +133,9 @@ def build(name):
         return keras.Sequential([keras.Input((20,), dtype="int32"),
                                  keras.layers.Embedding(16, 4), keras.layers.Flatten(),
                                  keras.layers.Dense(4)])
+    if name == "mlp-bn":  # BatchNorm: its moving statistics are averaged at every epoch end
+        return keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
+                                 keras.layers.BatchNormalization(), keras.layers.Dense(4)])
     if name == "mlp-unbuilt":  # no Input: Keras builds it at the start of fit
         return keras.Sequential([keras.layers.Dense(64, activation="relu"),
                                  keras.layers.Dense(4)])

@@ -42,17 +42,28 @@ class ReplicaOps:
         self.strategy = strategy
         self.cross_ops = strategy.extended.cross_device_ops
         self.num_local = len(self.cross_ops.devices)
-        self.world_size = strategy.num_replicas_in_sync
-        self.first_rank = self.cross_ops.first_rank
         self._functions = {}
+
+    @property
+    def world_size(self) -> int:
+        """Replicas in sync now (an elastic job's members change)."""
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def first_rank(self) -> int:
+        """Global rank of this worker's first replica now."""
+        return self.cross_ops.first_rank
 
     def replica_function(self, replica_fn, variables):
         """A `tf.function` that runs ``replica_fn(variables, *args)`` on every replica.
 
         Traced once per `replica_fn` and kept while `variables` are the same
-        objects (a new model retraces). Call it eagerly with the extra args.
+        objects (a new model retraces) and the members are (an elastic job's
+        next generation retraces: its collectives are new). Call it eagerly
+        with the extra args.
         """
-        ids = [id(v) for v in variables]
+        ids = ([id(v) for v in variables], self.cross_ops.engines.generation,
+               self.world_size, self.first_rank)
         cached = self._functions.get(replica_fn.__name__)
         if cached is None or cached[0] != ids:
             cached = (ids, tf.function(lambda *args: self.strategy.run(
