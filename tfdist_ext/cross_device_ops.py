@@ -313,11 +313,10 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         """`strategy.gather` (Keras' `predict` across workers concatenates its outputs
         so) on the UCX engine, whose communicators follow an elastic job's members;
         TF's are fixed at the start. Lengths along `axis` may differ between replicas.
-        Ranks below 1 and dtypes the engine lacks (bool aside) take TF's path."""
+        TF's path takes the rest (`_engine_gathers`), and `allreduce="native"`."""
         values = [v for per_replica in per_replica_values for v in per_replica.values]
-        if (self._group_size == 1 or self.config.engine != "ucx"
-                or not all(v.shape.rank and (v.dtype in ucx_engine.SUPPORTED_DTYPES
-                                             or v.dtype == tf.bool) for v in values)):
+        if (self._group_size == 1 or self.config.engine != "ucx" or self._native_only
+                or not all(_engine_gathers(v, axis) for v in values)):
             return super()._batch_all_gather(per_replica_values, axis, options)
         engine = self.engines.main()
 
@@ -362,6 +361,15 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                               calibration=self.choice.calibration)
 
 
+def _engine_gathers(value, axis) -> bool:
+    """Whether `_gather_along` takes `value`: rank 1 or more, an engine dtype or bool,
+    and a Python `axis`."""
+    rank = value.shape.rank
+    if not rank or not isinstance(axis, int) or not -rank <= axis < rank:
+        return False
+    return value.dtype in ucx_engine.SUPPORTED_DTYPES or value.dtype == tf.bool
+
+
 def _gather_along(engine, value, local_index, axis):
     """Every replica's `value` concatenated along `axis` in rank order (the engine's
     `all_gather_v`; the other dimensions equal on every replica)."""
@@ -370,12 +378,19 @@ def _gather_along(engine, value, local_index, axis):
     order = [axis] + [d for d in range(rank) if d != axis]
     with tf.device(engine.devices[local_index]):
         front = tf.transpose(value, order) if axis else value
-        flat = tf.reshape(front, [-1])
-        if value.dtype == tf.bool:
-            flat = tf.cast(flat, tf.int32)
-        gathered = engine.all_gather_v(flat, local_index, label="tfdist/gather")
-        if value.dtype == tf.bool:
-            gathered = tf.cast(gathered, tf.bool)
-        out = tf.reshape(gathered, tf.concat([[-1], tf.shape(front)[1:]], 0))
+        shape = tf.shape(front, out_type=tf.int64)
+        lengths = engine.all_gather(shape[:1], local_index, label="tfdist/gather/lengths")
+        whole = tf.concat([[tf.reduce_sum(lengths)], shape[1:]], 0)
+        if 0 in front.shape[1:]:  # nothing to send (TF's own gather crashes here)
+            out = tf.zeros(whole, value.dtype)
+        else:
+            flat = tf.reshape(front, [-1])
+            if value.dtype == tf.bool:
+                flat = tf.cast(flat, tf.int32)
+            gathered = engine.all_gather_v(flat, local_index, label="tfdist/gather",
+                                           counts=lengths * tf.reduce_prod(shape[1:]))
+            if value.dtype == tf.bool:
+                gathered = tf.cast(gathered, tf.bool)
+            out = tf.reshape(gathered, whole)
         out.set_shape([None] + front.shape[1:])
         return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out

@@ -63,3 +63,21 @@ def test_gather_runs_on_the_engine_and_equals_tfs_own():
     assert "TfdistUcxAllGatherV" in ops and "CollectiveGatherV2" not in ops, sorted(ops)
     theirs = _gather(_strategy(3, "tf"), tf.float32, 0, lengths)
     np.testing.assert_array_equal(_gather(ours, tf.float32, 0, lengths).numpy(), theirs.numpy())
+
+
+def test_another_dimension_of_length_0_and_allreduce_native():
+    # Another dimension of length 0 (TF's own gather crashes the process there): the
+    # lengths along the axis add up. allreduce="native" keeps TF's gather, no engine op.
+    zero = _strategy(3).experimental_distribute_values_from_function(
+        lambda context: tf.zeros([context.replica_id_in_sync_group + 1, 0, 2]))
+    assert tuple(_strategy(3).gather(zero, axis=0).shape) == (6, 0, 2)
+    last = _strategy(3).experimental_distribute_values_from_function(
+        lambda context: tf.zeros([2, 0, context.replica_id_in_sync_group + 1]))
+    assert tuple(_strategy(3).gather(last, axis=-1).shape) == (2, 0, 6)
+    native = tfdist_ext.Strategy(num_replicas=3, allreduce="native")
+    lengths = (2, 1, 5)
+    graph = tf.function(lambda: _gather(native, tf.float32, 0, lengths)).get_concrete_function()
+    assert "TfdistUcxAllGatherV" not in {op.type for op in graph.graph.get_operations()}
+    np.testing.assert_array_equal(
+        _gather(native, tf.float32, 0, lengths).numpy(),
+        np.concatenate([_value(r, tf.float32, 0, lengths) for r in range(3)]))

@@ -31,12 +31,15 @@ The callbacks' attributes are restored when `fit` returns.
 
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import tempfile
 
 import keras
 import tensorflow as tf
+
+log = logging.getLogger("tfdist_ext")
 
 
 @contextlib.contextmanager
@@ -82,30 +85,36 @@ def for_this_worker(callbacks, strategy):
 def _write_where_asked(redirected):
     """This worker became the chief (elastic training): its callbacks write where the
     user asked from now on. `CSVLogger` appends its next epochs to the dead chief's
-    file (a header only if that file is empty); `TensorBoard` closes its writers, and
-    the next events go to new files in the user's log directory, beside the dead
-    chief's; `ModelCheckpoint` saves there."""
+    file (a header only if that file is empty); `TensorBoard` writes its next epochs'
+    events into new files in the user's log directory, beside the dead chief's
+    (batch-level summaries stay in this worker's private directory until `fit`
+    ends); `ModelCheckpoint` saves there. A file that cannot be opened there (no
+    shared file system) leaves that callback writing privately, with a warning."""
     for obj, name, value, existed in redirected:
         if not existed:
             continue
-        if isinstance(obj, keras.callbacks.ModelCheckpoint) and name == "filepath":
-            setattr(obj, name, value)
-        elif isinstance(obj, keras.callbacks.CSVLogger) and name == "filename":
-            _append_where_asked(obj, value)
-        elif isinstance(obj, keras.callbacks.TensorBoard) and name == "log_dir":
-            _log_where_asked(obj, value)
+        try:
+            if isinstance(obj, keras.callbacks.ModelCheckpoint) and name == "filepath":
+                setattr(obj, name, value)
+            elif isinstance(obj, keras.callbacks.CSVLogger) and name == "filename":
+                _append_where_asked(obj, value)
+            elif isinstance(obj, keras.callbacks.TensorBoard) and name == "log_dir":
+                _log_where_asked(obj, value)
+        except (OSError, tf.errors.OpError) as err:
+            log.warning("tfdist_ext: this worker is now the chief, but its %s cannot write "
+                        "to %s (%s); it goes on writing in its private directory.",
+                        type(obj).__name__, value, err)
 
 
 def _append_where_asked(logger, filename):
+    exists = tf.io.gfile.exists(filename) and tf.io.gfile.stat(filename).length > 0
+    if "://" in filename:  # as Keras opens it: TF's file for a remote path
+        appended = tf.io.gfile.GFile(filename, "a")
+    else:
+        appended = open(filename, "a", encoding="utf-8")  # pylint: disable=R1732
     if logger.csv_file is not None and not logger.csv_file.closed:
         logger.csv_file.close()
-    logger.filename = filename
-    logger.append_header = not (tf.io.gfile.exists(filename)
-                                and tf.io.gfile.stat(filename).length > 0)
-    if "://" in filename:  # as Keras opens it: TF's file for a remote path
-        logger.csv_file = tf.io.gfile.GFile(filename, "a")
-    else:
-        logger.csv_file = open(filename, "a", encoding="utf-8")  # pylint: disable=R1732
+    logger.filename, logger.csv_file, logger.append_header = filename, appended, not exists
     logger.writer = None  # made again, over the new file, at the next epoch's end
 
 
@@ -113,8 +122,9 @@ def _log_where_asked(board, log_dir):
     writers = getattr(board, "_writers", None)
     if writers is None or not hasattr(board, "_log_write_dir"):
         return  # another Keras: it goes on writing in its private directory
+    # Not closed: Keras' batch-level summaries may hold one as the default writer.
     for writer in writers.values():
-        writer.close()
+        writer.flush()
     board.log_dir = board._log_write_dir = log_dir  # pylint: disable=protected-access
     board._train_dir = os.path.join(log_dir, "train")  # pylint: disable=protected-access
     board._val_dir = os.path.join(log_dir, "validation")  # pylint: disable=protected-access
@@ -141,6 +151,7 @@ def _redirect(callback, private, restore):
         path = _private_path(private, callback.filename)
         os.makedirs(os.path.dirname(path), exist_ok=True)  # it opens the file, in no folder
         _set(restore, callback, "filename", path)
+        _set(restore, callback, "append_header", callback.append_header)  # promotion sets it
 
 
 _BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path",
