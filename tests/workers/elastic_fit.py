@@ -39,9 +39,10 @@ worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies).
 writes OUT_DIR/w{index}.json (the killed one OUT_DIR/killed.txt, the time it
 died): its PID at start and end, a hash of its
 weights, its `predict` and `evaluate` of 200 test rows after the fit, the strategy's
-recorded failures and members, the loss history and the test accuracy; the chief (worker 0, or the lowest survivor after its death)
-writes OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch, OUT_DIR/training.csv
-(CSVLogger) and OUT_DIR/logs (TensorBoard). With WAIT_REJOIN=1 in
+recorded failures and members, the loss history and the test accuracy; the chief
+(worker 0, or the lowest survivor after its death) writes
+OUT_DIR/ckpt-{epoch}.weights.h5 after every epoch, OUT_DIR/training.csv (CSVLogger)
+and OUT_DIR/logs (TensorBoard). With WAIT_REJOIN=1 in
 the environment, the members sleep 1 s after each step while the job is
 short of a worker (at most 120 s, or WAIT_REJOIN_SECONDS), leaving a replacement
 time to start and join.
@@ -281,7 +282,8 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                                                profile_batch=0)]
     history = model.fit(**inputs, epochs=int(epochs), verbose=0, callbacks=kill + checkpoint,
                         validation_data=validation, validation_batch_size=96)
-    accuracy = float(np.mean(np.argmax(np.asarray(model(x_test)), -1) == y_test))
+    outputs = np.asarray(model(x_test))
+    accuracy = float(np.mean(np.argmax(outputs, -1) == y_test))
     traced = {"reused_functions": elastic_steps.reused_functions(model),
               "rehearsed": elastic_steps.rehearsed_for(model),
               "train_traces": tfdist_ext._compat.keras_iterator_function(  # pylint: disable=protected-access
@@ -301,7 +303,7 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
                    "joins": recovery.joins, "leaves": recovery.leaves,
                    "loss": history.history["loss"], "accuracy": accuracy,
                    "predict_shape": list(predicted.shape),
-                   "predict_error": float(np.max(np.abs(predicted - model(x_test[:200])))),
+                   "predict_error": float(np.max(np.abs(predicted - outputs[:200]))),
                    "predict_sha": hashlib.sha256(predicted.tobytes()).hexdigest(),
                    "evaluate": evaluated,
                    "iterations": int(model.optimizer.iterations.numpy()),
