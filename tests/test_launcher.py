@@ -34,6 +34,13 @@ if mode == "fail" and index == 1:
     sys.exit(3)
 if mode == "fail_once" and index == 1 and os.environ["TFDIST_RESTART"] == "0":
     sys.exit(3)
+if mode == "late" and index == 1:  # an elastic replacement the job could not take in
+    time.sleep(0.5)
+    sys.exit(76)
+if mode == "late":
+    child.kill()
+    time.sleep(2.0)
+    sys.exit(0)
 if mode == "all_fail":  # one after another, each while the others still run
     time.sleep(0.5 + 0.3 * index)
     sys.exit(3)
@@ -211,6 +218,17 @@ def test_an_elastic_job_whose_every_worker_dies_fails(tmp_path, how):
             "worker(s) [0, 1] died before it and have no job left to rejoin (--elastic); "
             "the job failed; stopping workers [].") in out, out
     assert "the job finished" not in out and "starts again in" in out
+
+
+def test_an_elastic_worker_too_late_to_rejoin_is_not_started_again(tmp_path, how):
+    # tfdist_ext.launch.elastic_env.EXIT_LATE: its script is in an earlier fit than the job.
+    launcher = _start(tmp_path, 3, "late", how, "--elastic")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, out
+    assert "exited with code 76 (too late to rejoin: not started again); the others go on " \
+           "without it (--elastic)." in out, out
+    assert "starts again in" not in out
+    assert "the job finished without worker(s) [1], which died (--elastic)." in out, out
 
 
 def test_max_restarts_must_not_be_negative(capsys):

@@ -155,7 +155,7 @@ def test_only_the_latest_request_of_a_worker_not_in_the_job_counts():
 def test_a_replacement_nobody_admits_stops_naming_join_seconds_or_the_ended_job():
     own, member = store.Store("127.0.0.1"), store.Store("127.0.0.1")
     stores = {0: member.address, 2: own.address}
-    request, asked = joining.ask("p", 2, own.address, stores, [0, 2])
+    request, asked = joining.ask("p", 2, own.address, stores, [0, 2], 1)
     assert asked == [0] and member.items("p/join/") == {request: own.address}
     with pytest.raises(MembershipError, match=r"worker 2 was not taken into the running job "
                        r"within join_seconds=0.5 s \(asked workers \[0\]\)"):
@@ -166,7 +166,7 @@ def test_a_replacement_nobody_admits_stops_naming_join_seconds_or_the_ended_job(
         joining.wait_admitted(own, request, stores, asked, 30.0, 2)
     with pytest.raises(MembershipError, match=r"no member of the running job \(\[0, 2\]\) "
                        "answered at its store"):
-        joining.ask("p", 2, own.address, stores, [0, 2])
+        joining.ask("p", 2, own.address, stores, [0, 2], 1)
     threading.Timer(0.2, lambda: store.Client(own.address).set(
         joining.admitted_key(request), "{}")).start()
     assert joining.wait_admitted(own, request, stores, asked, 30.0, 2) == "{}"
@@ -176,7 +176,7 @@ def test_a_replacement_nobody_admits_stops_naming_join_seconds_or_the_ended_job(
 def test_the_members_answer_a_replacement_at_their_tf_config_port():
     port = free_ports(1)[0]
     assert beacon.running_job([f"127.0.0.1:{port}"], tries=1, seconds=0.2) is None
-    state = {"stores": {"0": "127.0.0.1:1"}, "members": [0, 1], "generation": 3}
+    state = {"stores": {"0": "127.0.0.1:1"}, "members": [0, 1], "generation": 3, "fit": 2}
     answering = [state]
     assert beacon.serve(f"127.0.0.1:{port}", "tfdist/x", lambda: answering[0])
     assert beacon.running_job([f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{port}"]) == {
@@ -187,7 +187,7 @@ def test_the_members_answer_a_replacement_at_their_tf_config_port():
     state.update(stores={"0": "127.0.0.1:7", "1": "127.0.0.1:8", "2": "127.0.0.1:9"},
                  members=[0, 2])
     assert joining.members_now("tfdist/x", 1, addresses) == (
-        (0, 2), {0: "127.0.0.1:7", 2: "127.0.0.1:9"})
+        (0, 2), {0: "127.0.0.1:7", 2: "127.0.0.1:9"}, 2)
     state["members"] = [0]
     assert joining.members_now("tfdist/x", 1, addresses)[0] == (0,)
     assert joining.members_now("tfdist/other", 1, addresses) is None
@@ -235,26 +235,26 @@ def test_the_leader_raises_the_join_flag_for_a_live_replacement_only():
     dead_address = dead.address
     dead.close()
     client = store.Client(own.address)
-    client.set(joining.request_key("p", 2, "1"), dead_address)  # died since it asked
+    client.set(joining.request_key("p", 2, "1", 1), dead_address)  # died since it asked
     looks = threading.Semaphore(0)
 
     def leads():  # the watcher asks before it judges what it found in the store
         looks.release()
         return True
 
-    requests = admission.Requests(own, "p", lambda: (0, 1), leads)
+    requests = admission.Requests(own, "p", lambda: (0, 1), leads, lambda: 1)
     for _ in range(2):  # the second look comes after the dead request was judged
         assert looks.acquire(timeout=30)
     assert float(requests.flag.numpy()) == 0.0
     assert not requests.requested()
-    client.set(joining.request_key("p", 2, "2"), replacement.address)  # its replacement
+    client.set(joining.request_key("p", 2, "2", 1), replacement.address)  # its replacement
     deadline = time.monotonic() + 30
     while float(requests.flag.numpy()) == 0.0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert float(requests.flag.numpy()) == 1.0
     requests.agreed.assign(1.0)  # what the members' all-reduce of the flag sums to
     assert requests.requested()
-    assert requests.take() == {2: ("p/join/2/2", replacement.address)}
+    assert requests.take() == {2: ("p/join/2/2-fit1", replacement.address)}
     assert float(requests.flag.numpy()) == 0.0 and requests.take() == {}
     requests.settled()
     assert not requests.requested()
@@ -268,20 +268,57 @@ def test_a_request_admitted_by_another_leader_is_not_admitted_again():
     gone), while the new replacement's does."""
     own, first, second = (store.Store("127.0.0.1") for _ in range(3))
     members = [1, 2]
-    requests = admission.Requests(own, "p", lambda: tuple(members), lambda: False)
+    requests = admission.Requests(own, "p", lambda: tuple(members), lambda: False, lambda: 1)
     client = store.Client(own.address)
-    client.set(joining.request_key("p", 0, "1"), first.address)
+    client.set(joining.request_key("p", 0, "1", 1), first.address)
     requests.settled({0})  # the admission of worker 0 that worker 2 led
     first.close()  # that replacement died, and worker 0 is no member again
     assert requests.take() == {}
-    client.set(joining.request_key("p", 0, "2"), second.address)
-    assert requests.take() == {0: ("p/join/0/2", second.address)}
+    client.set(joining.request_key("p", 0, "2", 1), second.address)
+    assert requests.take() == {0: ("p/join/0/2-fit1", second.address)}
     # Without the settle, a request whose store is gone is still not taken.
-    client.set(joining.request_key("p", 3, "1"), first.address)
+    client.set(joining.request_key("p", 3, "1", 1), first.address)
     members.append(0)
     assert requests.take() == {}
     own.close()
     second.close()
+
+
+def test_a_replacement_in_another_fit_than_the_members_is_refused():
+    """A replacement runs its script from the start: in a script of several fits it may
+    ask in its first while the members run a later one. It is refused, naming both fits,
+    and never raises the join flag; one asking in the members' fit is taken."""
+    own, early, timely = (store.Store("127.0.0.1") for _ in range(3))
+    fit = [2]
+    requests = admission.Requests(own, "p", lambda: (0, 1), lambda: True, lambda: fit[0])
+    stores = {0: own.address, 2: early.address}
+    request, _ = joining.ask("p", 2, early.address, stores, [0], 1)
+    refused = (r"worker 2 replaces a dead worker and asked to join in fit 1 of its script "
+               r"\(a replacement runs the script from the start\), but the running job is in "
+               r"fit 2: a replacement joins only in the fit the members run\. The job goes on "
+               r"without it\. To use every worker again, restart the whole job")
+    with pytest.raises(joining.JoinRefused, match=refused):
+        joining.wait_admitted(early, request, stores, [0], 30.0, 2)
+    assert float(requests.flag.numpy()) == 0.0 and requests.take() == {}
+    # The replacement's own check, from the members' answer, before it traces anything.
+    with pytest.raises(joining.JoinRefused, match=refused):
+        joining.check_fit(2, 1, 2)
+    joining.check_fit(2, 2, 2)
+    joining.check_fit(2, 1, None)  # members of a version that does not say
+    # A request of the members' fit raises the flag; if their fit ends before a step
+    # carries it, the next fit's start refuses it and lowers the flag.
+    request, _ = joining.ask("p", 2, timely.address, {0: own.address}, [0], 2)
+    deadline = time.monotonic() + 30
+    while float(requests.flag.numpy()) == 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert float(requests.flag.numpy()) == 1.0
+    fit[0] = 3
+    requests.recheck()
+    assert float(requests.flag.numpy()) == 0.0
+    with pytest.raises(joining.JoinRefused, match="asked to join in fit 2 .* in fit 3"):
+        joining.wait_admitted(timely, request, {0: own.address}, [0], 30.0, 2)
+    for each in (own, early, timely):
+        each.close()
 
 
 @pytest.mark.parametrize("members, alive, gone, goes_on", [

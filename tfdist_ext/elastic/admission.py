@@ -8,7 +8,8 @@ it raises `flag`, a variable every member's next training step all-reduces
 tells every member to admit the replacement after that same step
 (`tfdist_ext.elastic.recovery.Recovery.admit`); the leader then `take`s the
 pending requests, and after the new membership is written `notify` tells each
-replacement its admission.
+replacement its admission. A request from a replacement in another `fit` than the
+members' is refused in its store instead (`joining.refusal`).
 """
 
 import json
@@ -32,6 +33,7 @@ class Requests:
         members: Returns the workers in the job now, in rank order.
         leads: Returns whether this worker is the members' leader now (a
             replacement not yet admitted is not).
+        fit: Returns the members' fit now (`Recovery.fit`).
 
     Attributes:
         flag: float32 variable, 1 when this worker (the leader) saw a request
@@ -40,9 +42,9 @@ class Requests:
     """
 
     def __init__(self, own: store.Store, prefix: str, members: Callable[[], tuple],
-                 leads: Callable[[], bool]):
+                 leads: Callable[[], bool], fit: Callable[[], int]):
         self._store, self._key = own, f"{prefix}/join/"
-        self._members, self._leads = members, leads
+        self._members, self._leads, self._fit = members, leads, fit
         self._handled = set()  # request keys admitted
         self._lock = threading.Lock()
         # Made outside any strategy scope, so that they stay this worker's own.
@@ -62,11 +64,24 @@ class Requests:
         """The leader, at an admission: the pending requests (worker -> (request key,
         its store address)), from now on handled; lowers `flag`."""
         with self._lock:
-            requests = self._pending(self._store.items(self._key))
+            requests, others = self._pending(self._store.items(self._key))
             self._handled.update(key for key, _ in requests.values())
             self.flag.assign(0.0)
+        self._refuse(others)
         # An old request of a replacement that died since names a dead store.
         return {w: r for w, r in requests.items() if health.store_answers(r[1])}
+
+    def recheck(self):
+        """The leader, as a fit begins: refuses the requests made in the last fit and
+        lowers `flag` if none of this fit is left (it was raised after that fit's
+        last step)."""
+        if not self._leads():
+            return
+        with self._lock:
+            requests, others = self._pending(self._store.items(self._key))
+            if not requests:
+                self.flag.assign(0.0)
+        self._refuse(others)
 
     def settled(self, joined=()):
         """Every member, at an admission: the agreed request is being acted on, and the
@@ -79,7 +94,22 @@ class Requests:
                                  if joining.requester(key) in joined)
 
     def _pending(self, items: Mapping[str, str]):
-        return joining.pending(items, self._members(), self._handled)
+        """(the pending requests made in the members' fit, those made in another; the
+        latter from now on handled), each as `joining.pending`'s. Holds `_lock`."""
+        pending = joining.pending(items, self._members(), self._handled)
+        fit = self._fit()
+        others = {w: r for w, r in pending.items() if joining.request_fit(r[0]) != fit}
+        self._handled.update(key for key, _ in others.values())
+        return {w: r for w, r in pending.items() if w not in others}, others
+
+    def _refuse(self, others: Mapping[int, Tuple[str, str]]):
+        fit = self._fit()
+        for worker, (key, address) in others.items():
+            answer = {"refused": joining.refusal(worker, joining.request_fit(key), fit)}
+            try:
+                store.Client(address).set(joining.admitted_key(key), json.dumps(answer))
+            except OSError:
+                pass  # it died
 
     def _watch(self):
         seen = 0
@@ -89,12 +119,15 @@ class Requests:
             if not self._leads():
                 continue
             with self._lock:
-                pending = self._pending(items)
+                pending, others = self._pending(items)
+            self._refuse(others)
             # An old request of a replacement that died since names a dead store.
             if any(health.store_answers(address) for _, address in pending.values()):
                 with self._lock:  # not admitted while this looked
-                    if self._pending(items):
+                    pending, others = self._pending(items)
+                    if pending:
                         self.flag.assign(1.0)
+                self._refuse(others)
 
 
 def notify(requests: Mapping[int, Tuple[str, str]], decision: dict):

@@ -8,11 +8,19 @@ member leads when it next looks (the first in rank order: the leader may
 change while the replacement starts) finds the request in its own store
 (`pending`), and after the members' next step writes the admission into the
 replacement's store (`tfdist_ext.elastic.recovery.Recovery.admit`).
+
+A replacement runs its script from the start, so it can join only in the `fit`
+the members run: each request names the replacement's fit (counted per
+strategy), and a replacement in another fit is refused (`refusal`, `JoinRefused`)
+before it traces anything where the members' answer already tells, else by the
+leader; it then exits with `tfdist_ext.launch.elastic_env.EXIT_LATE`, and the
+launcher does not start it again.
 """
 
+import json
 import os
 import time
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -24,8 +32,35 @@ POLL_SECONDS = 2.0  # how often a waiting replacement checks that a member still
 ANSWER_SECONDS = 2.0
 
 
-def request_key(prefix: str, worker: int, nonce: str) -> str:
-    return f"{prefix}/join/{worker}/{nonce}"
+class JoinRefused(MembershipError):
+    """A replacement the running job cannot take in: its script is in another `fit`."""
+
+
+def request_key(prefix: str, worker: int, nonce: str, fit: int) -> str:
+    return f"{prefix}/join/{worker}/{nonce}-fit{fit}"
+
+
+def request_fit(request: str) -> int:
+    """The `fit` (1 for the script's first) the replacement of `request` runs."""
+    return int(request.rpartition("-fit")[2])
+
+
+def refusal(worker: int, theirs: int, ours: int) -> str:
+    """Why worker `worker`, in fit `theirs` of its script, cannot join fit `ours`."""
+    return (f"tfdist_ext: worker {worker} replaces a dead worker and asked to join in fit "
+            f"{theirs} of its script (a replacement runs the script from the start), but "
+            f"the running job is in fit {ours}: a replacement joins only in the fit the "
+            "members run. The job goes on without it. To use every worker again, restart "
+            "the whole job (from keras.callbacks.BackupAndRestore's backup); to let "
+            "replacements join at any point, train in one fit (callbacks can change the "
+            "learning rate or unfreeze layers between epochs).")
+
+
+def check_fit(me: int, mine: int, members: Optional[int]):
+    """Raises JoinRefused if the members run another fit than this replacement's
+    `mine` (`members`: theirs, as they answered; None: not known)."""
+    if members is not None and members != mine:
+        raise JoinRefused(refusal(me, mine, members))
 
 
 def requester(request: str) -> int:
@@ -59,8 +94,9 @@ def pending(items: Mapping[str, str], members: Iterable[int],
 
 
 def ask(prefix: str, me: int, own_address: str, stores: Mapping[int, str],
-        members: Iterable[int]) -> Tuple[str, List[int]]:
-    """Posts this replacement's join request to every member's store it can reach.
+        members: Iterable[int], fit: int) -> Tuple[str, List[int]]:
+    """Posts this replacement's join request (in its fit `fit`) to every member's
+    store it can reach.
 
     Returns:
         (request key, the workers whose stores took it).
@@ -68,7 +104,7 @@ def ask(prefix: str, me: int, own_address: str, stores: Mapping[int, str],
     Raises:
         MembershipError: no member's store answered.
     """
-    key = request_key(prefix, me, f"{time.time():017.6f}-{os.getpid()}")
+    key = request_key(prefix, me, f"{time.time():017.6f}-{os.getpid()}", fit)
     asked = []
     for worker in members:
         if worker == me or worker not in stores:
@@ -91,6 +127,7 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
     """The admission (JSON) the members' leader writes into `own` store for `request`.
 
     Raises:
+        JoinRefused: the leader refused it (the members run another fit).
         MembershipError: nothing within `seconds` (Elastic's join_seconds), or
             no store of the members asked answers any more (the job ended).
     """
@@ -99,6 +136,8 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
         answer = own.wait(admitted_key(request), min(POLL_SECONDS,
                                                       max(deadline - time.monotonic(), 0)))
         if answer is not None:
+            if "refused" in json.loads(answer):
+                raise JoinRefused(json.loads(answer)["refused"])
             return answer
         if time.monotonic() >= deadline:
             raise MembershipError(
@@ -114,15 +153,16 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
 
 
 def members_now(prefix: str, me: int, addresses: Mapping[int, str]):
-    """The running job's members in rank order and their stores ({worker: "host:port"},
-    this worker's left out), as a member's beacon answers now (`beacon.running_job`),
-    or None when no member answers. `addresses`: every worker's TF_CONFIG address."""
+    """The running job's members in rank order, their stores ({worker: "host:port"},
+    this worker's left out) and their fit, as a member's beacon answers now
+    (`beacon.running_job`), or None when no member answers. `addresses`: every
+    worker's TF_CONFIG address."""
     state = fencing.members_state(prefix, [a for w, a in addresses.items() if w != me],
                                   beacon.running_job)
     if not state:
         return None
     stores = {int(w): a for w, a in state["stores"].items() if int(w) != me}
-    return tuple(int(w) for w in state["members"]), stores
+    return tuple(int(w) for w in state["members"]), stores, state.get("fit")
 
 
 def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
@@ -139,7 +179,8 @@ def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
         own: This worker's store address.
 
     Returns:
-        ({worker: "host:port"}, the members in rank order, or None at a fresh start).
+        ({worker: "host:port"}, the members in rank order, or None at a fresh start,
+        the fit they run, or None).
     """
     running = beacon.found()
     if running is not None:  # this worker replaces a dead one
@@ -149,7 +190,8 @@ def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
                 f"{prefix!r}: the replacement must run the same script.")
         stores = {int(w): a for w, a in running[prefix]["stores"].items()}
         stores[me] = own
-        return stores, [int(w) for w in running[prefix]["members"]]
+        return (stores, [int(w) for w in running[prefix]["members"]],
+                running[prefix].get("fit"))
     kv, key = coordination.KeyValue(), f"{prefix}/elastic/stores"
     try:
         kv.set(f"{key}/{me}", own)
@@ -158,4 +200,4 @@ def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
             f"worker {me} was started again while its job runs, but no member answered its "
             "query on UDP at start-up (sent to their TF_CONFIG ports; "
             "`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") from None
-    return {w: own if w == me else kv.get(f"{key}/{w}") for w in members}, None
+    return {w: own if w == me else kv.get(f"{key}/{w}") for w in members}, None, None

@@ -20,11 +20,11 @@ discarded and the survivors go on in the same processes:
 
 The survivors split each global batch (`keras.local_input`), so no shard is lost.
 A replacement (the dead worker's script started again) finds the members
-(`beacon`), asks to join and waits (`join`, `joining`); they admit it after the
-same step (`admission`, `admit`): a new generation ranked by `membership.admitted`,
-rank 0's state broadcast, and its `fit` resumes at their epoch and batch. A death
-during a recovery or an admission makes the survivors agree again (`recover`,
-`recover_and_share`). A worker sent SIGTERM, or a straggler, leaves (`leaving`).
+(`beacon`), asks to join in their `fit` and waits (`join`, `joining`); they admit
+it after the same step (`admission`, `admit`): a new generation ranked by
+`membership.admitted`, rank 0's state broadcast, and its `fit` resumes at their
+epoch and batch. A death during a recovery or an admission makes the survivors
+agree again (`recover_and_share`). SIGTERM or a straggler leaves (`leaving`).
 """
 
 import contextlib
@@ -33,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from typing import Dict, List
+from typing import Dict
 
 import tensorflow as tf
 
@@ -68,7 +68,9 @@ class Recovery:
         replacement: Whether this process joined a running job (a replacement).
         holds_state, state_root: Whether this worker holds the training state (a
             replacement once its admission's broadcast completed); the rank it comes from.
-        found: The members a replacement found running (at its start, `look_again`).
+        found, found_fit: The members a replacement found running (at its start,
+            `look_again`) and their fit (None: not known).
+        fit: `fit` calls begun on this strategy (`begin_fit`).
         rehearsing: A replacement traces its step as a member (`rehearsal`).
         join_flag, join_agreed: float32 variables: a join request this worker (the
             members' leader) saw, and the members' sum of it in the last step.
@@ -79,41 +81,34 @@ class Recovery:
         self.options = options
         self.me = strategy.worker_index
         self.members = tuple(range(strategy.num_workers))
-        self.generation = 0
-        self._attempted = 0  # the last generation this worker tried to reach
-        self.failures: List[dict] = []
-        self.joins: List[dict] = []
-        self.leaves: List[dict] = []
-        self._strategy = strategy
-        self._prefix = key_prefix
+        self.generation, self._attempted = 0, 0  # (the last generation this worker tried)
+        self.failures, self.joins, self.leaves = [], [], []  # (see Attributes)
+        self._strategy, self._prefix = strategy, key_prefix
         self._addresses = dict(enumerate(strategy.cluster.worker_addresses))
         # Keras' input splits each global batch by these (`data_split`); made here,
         # outside any strategy scope, so that they stay this worker's own.
         with tf.init_scope():
-            self._split = (_compat.ResourceVariable(self.me, dtype=tf.int64, trainable=False,
-                                                    name="elastic_part"),
-                           _compat.ResourceVariable(len(self.members), dtype=tf.int64,
-                                                    trainable=False, name="elastic_parts"))
+            self._split = tuple(_compat.ResourceVariable(value, dtype=tf.int64, trainable=False,
+                                                         name=name) for value, name in (
+                (self.me, "elastic_part"), (len(self.members), "elastic_parts")))
         self._lock = threading.Lock()  # the watcher's aborts against a membership change
         self._reported_dead = {}  # worker -> health.GONE / UNREACHABLE, from the watcher
-        self.frozen = None  # why this worker, frozen meanwhile, is no member any more
-        self._on_promotion = []
+        self.frozen, self._on_promotion = None, []  # (why this worker, frozen, was removed)
         self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
         self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
         self.state_stale = False  # the members changed outside a step function
         # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
-        self.catching_up = False  # joined, but the members' fit is ahead of this one's
-        self.rehearsing = False  # a replacement traces as a member before it joins
-        self._stores, running = joining.stores_at_start(self._prefix, self.me, self.members,
-                                                        self._store.address)
+        self.catching_up = self.rehearsing = False  # (joined; the members' fit is ahead)
+        self._stores, running, self.found_fit = joining.stores_at_start(
+            self._prefix, self.me, self.members, self._store.address)
         self.joining = self.replacement = running is not None
         self.holds_state, self.state_root = not self.joining, 0  # (see Attributes)
-        self.found = tuple(running or ())
+        self.found, self.fit = tuple(running or ()), 0
         beacon.serve(self._addresses[self.me], self._prefix, self._beacon_state)
         self._requests = admission.Requests(
             self._store, self._prefix, lambda: self.members,
-            lambda: not self.joining and self.members[0] == self.me)
+            lambda: not self.joining and self.members[0] == self.me, lambda: self.fit)
         self.join_flag, self.join_agreed = self._requests.flag, self._requests.agreed
         self.stragglers = None if options.straggler_factor is None else stragglers.Monitor(
             self.me, len(self._addresses), options.straggler_factor, options.straggler_steps)
@@ -121,7 +116,15 @@ class Recovery:
     def _beacon_state(self):  # a replacement not yet admitted does not answer (None)
         stores = {str(w): a for w, a in self._stores.items()}
         return None if self.joining else {"stores": stores, "members": list(self.members),
-                                          "generation": self.generation}
+                                          "generation": self.generation, "fit": self.fit}
+
+    def begin_fit(self):
+        """At each `fit`'s start: counts it; a replacement in another fit than the
+        members' stops (`joining.check_fit`); their leader refuses earlier fits' requests."""
+        self.fit += 1
+        if self.joining:
+            joining.check_fit(self.me, self.fit, self.found_fit)
+        self._requests.recheck()
 
     def join_requested(self) -> bool:
         """Whether the last step's all-reduce carried a join request (every member agrees)."""
@@ -143,8 +146,7 @@ class Recovery:
             decision = {"generation": generation, "stores": stores,
                         "members": list(membership.admitted(self.members, requests)),
                         "steps": steps, "test_steps": test_steps,
-                        "epoch": self.position[0],
-                        "batch": self.position[1] + 1}
+                        "epoch": self.position[0], "batch": self.position[1] + 1}
             self.kv().set(f"{prefix}/admission", json.dumps(decision))
             admission.notify(requests, decision)
         else:
@@ -167,14 +169,16 @@ class Recovery:
             variables: The model's and optimizer's variables, received from rank 0.
 
         Returns:
-            The admission: "generation", "members", "stores", "steps" and
-            "test_steps" (the members' train and test steps so far), "epoch" and
-            "batch" (the epoch the members are in, and how many of its batches
-            they ran).
+            The admission: "generation", "members", "stores", "steps" and "test_steps"
+            (the members' train and test steps so far), "epoch" and "batch" (the epoch
+            the members are in, and how many of its batches they ran).
+
+        Raises:
+            joining.JoinRefused: the members run another fit.
         """
         ucx_engine.load_library()  # not while the members wait for it to wire up
         request, asked = joining.ask(self._prefix, self.me, self._store.address,
-                                     self._stores, list(self.found or self.members))
+                                     self._stores, list(self.found or self.members), self.fit)
         log.warning("tfdist_ext: worker %d asks worker(s) %s to take it into the running job.",
                     self.me, asked)
         decision = json.loads(joining.wait_admitted(self._store, request, self._stores, asked,
@@ -220,10 +224,8 @@ class Recovery:
             liveness.rewatch(liveness.task_name("worker", worker), self._addresses[worker],
                              alive=functools.partial(health.store_answers, self._stores[worker]))
 
-    def _meeting(self):
-        """The members' store for the wire-up of new communicators; a wait there for a
-        member the watcher found dead (it never publishes its address) fails at once."""
-        def check():
+    def _meeting(self):  # the members' store, for the wire-up of new communicators
+        def check():  # fails a wait for a member found dead (it never publishes its address)
             with self._lock:
                 dead = sorted(set(self._reported_dead) & set(self.members))
             if dead:
@@ -254,7 +256,7 @@ class Recovery:
         now = joining.members_now(self._prefix, self.me, self._addresses)
         if now is None or now[0] == self.found:
             return False
-        self.found = now[0]
+        self.found, self.found_fit = now[0], now[2]
         self._stores.update(now[1])
         return True
 
@@ -285,7 +287,7 @@ class Recovery:
         metrics at an epoch end); after a death in it the survivors agree and this worker
         returns `alone()` (running `run` again could pair with another survivor's next
         collective); the next step broadcasts rank 0's state (`state_stale`). A
-        replacement not yet admitted has no members to agree with: the error is raised."""
+        replacement not yet admitted (no members to agree with) raises the error."""
         try:
             return run()
         except tf.errors.OpError as err:
@@ -295,8 +297,7 @@ class Recovery:
             self.state_stale = True
             return alone()
 
-    def _running(self):
-        """The members' state as the other members answer it (`fencing.members_state`)."""
+    def _running(self):  # the members' state as the others answer it (`fencing`)
         others = [self._addresses[w] for w in self.members if w != self.me]
         return fencing.members_state(self._prefix, others, beacon.running_job)
 
@@ -312,19 +313,17 @@ class Recovery:
 
         Args:
             error: What the failed step raised.
-            steps: Training steps this worker ran in this `fit`, the failed one
-                included.
+            steps: Training steps this worker ran in this `fit`, the failed one included.
 
         Returns:
             Steps this worker must skip to be level with the others.
 
         Raises:
-            The `error` itself when no member is dead (not a failure this
-            handles); `membership.MembershipError` when the survivors cannot
-            agree or are fewer than `min_workers`.
-
-        A member that dies during the agreement (the leader, whose store is the
-        meeting place) makes the others agree again, up to `RECOVERY_ATTEMPTS` times.
+            The `error` itself when no member is dead (not a failure this handles);
+            `membership.MembershipError` when the survivors cannot agree or are fewer
+            than `min_workers`. A member that dies during the agreement (the leader,
+            whose store is the meeting place) makes the others agree again, up to
+            `RECOVERY_ATTEMPTS` times.
         """
         start, last = time.monotonic(), error
         for attempt in range(RECOVERY_ATTEMPTS):

@@ -6,12 +6,14 @@ train and test functions, the start of an evaluation): `FixedFit` changes nothin
 `ElasticFit` (a `tfdist_ext.Strategy(elastic=...)`) survives deaths and takes in
 replacements. fit_hooks knows nothing else of elastic training.
 
-A replacement joins here (`Join`, `join`); the step-level work (a failed step
-discarded, the survivors' recovery, the members' side of an admission) is
-`tfdist_ext.keras.elastic_steps`; the membership itself is the strategy's
-`elastic.recovery.Recovery`.
+A replacement joins here (`Join`, `join`), or exits with `EXIT_LATE` when the
+members run a later `fit` of the script than its own (`late`); the step-level work
+(a failed step discarded, the survivors' recovery, the members' side of an
+admission) is `tfdist_ext.keras.elastic_steps`; the membership itself is the
+strategy's `elastic.recovery.Recovery`.
 """
 
+import contextlib
 import logging
 import time
 
@@ -19,8 +21,9 @@ import keras
 import tensorflow as tf
 
 from tfdist_ext import _compat, frontends
-from tfdist_ext.elastic import rehearsal
+from tfdist_ext.elastic import joining, rehearsal
 from tfdist_ext.keras import callback_state, elastic_steps, local_input
+from tfdist_ext.launch.elastic_env import EXIT_LATE
 
 log = logging.getLogger("tfdist_ext")
 
@@ -67,7 +70,10 @@ class ElasticFit:
 
     def fit_callbacks(self, model) -> list:
         """At the start of `fit`: the callbacks it adds (the running position a
-        replacement starts at); the functions kept for other memberships go."""
+        replacement starts at); the functions kept for other memberships go. A
+        replacement whose fit is not the members' exits here (`late`)."""
+        with late(self._recovery.me):
+            self._recovery.begin_fit()
         elastic_steps.forget(model)
         return [elastic_steps.Position(self._recovery)]
 
@@ -168,9 +174,12 @@ def join(model, recovery) -> dict:
         log.warning("tfdist_ext: worker %d traced its step for members %s, but the job now "
                     "has %s: it rehearses again.", recovery.me, list(rehearsed),
                     list(recovery.found))
+        with late(recovery.me):
+            joining.check_fit(recovery.me, recovery.fit, recovery.found_fit)
         model.make_train_function(force=True)
         rehearsed = rehearse(model, recovery)
-    admission = recovery.join(elastic_steps.state(model))
+    with late(recovery.me):
+        admission = recovery.join(elastic_steps.state(model))
     elastic_steps.resume(model, admission["steps"], admission["test_steps"],
                          admission["batch"])
     members = tuple(recovery.members)
@@ -181,6 +190,18 @@ def join(model, recovery) -> dict:
         model.make_train_function(force=True)
     elastic_steps.joined(model, rehearsed)
     return admission
+
+
+@contextlib.contextmanager
+def late(me):
+    """Within the context, a `joining.JoinRefused` (this replacement runs an earlier
+    `fit` than the members) is logged and ends the process with `EXIT_LATE`, the
+    code on which `tfdist-run --elastic` does not start the worker again."""
+    try:
+        yield
+    except joining.JoinRefused as refused:
+        log.error("%s (worker %d exits with code %d.)", refused, me, EXIT_LATE)
+        raise SystemExit(EXIT_LATE) from refused
 
 
 def rehearse(model, recovery):

@@ -10,3 +10,6 @@ VARIABLE = "TFDIST_ELASTIC"  # "1": elastic=None means True (set by `tfdist-run 
 # taken in later all the same, but the survivors' failed step would be blamed
 # on nobody. `tfdist-run --elastic` waits this long before starting one.
 REPLACEMENT_DELAY_SECONDS = 2.0
+# A replacement the running job cannot take in (its script is in an earlier `fit` than
+# the members' one) exits with this code; `tfdist-run --elastic` does not start it again.
+EXIT_LATE = 76

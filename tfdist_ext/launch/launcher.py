@@ -19,7 +19,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tfdist_ext.launch.addresses import free_ports, tf_configs
-from tfdist_ext.launch.elastic_env import REPLACEMENT_DELAY_SECONDS
+from tfdist_ext.launch.elastic_env import EXIT_LATE, REPLACEMENT_DELAY_SECONDS
 from tfdist_ext.launch.elastic_env import VARIABLE as ELASTIC_VARIABLE
 from tfdist_ext.launch.output import Output
 from tfdist_ext.launch import preload as preload_lib
@@ -99,8 +99,9 @@ class Launcher:
         elastic: A worker that fails does not stop the others (they go on
             without it: `tfdist_ext.elastic`), and is started again with its
             TF_CONFIG after `REPLACEMENT_DELAY_SECONDS` to rejoin the running
-            job, up to `max_restarts` times in all; the job succeeds when every
-            worker left does. Workers get ``TFDIST_ELASTIC=1``, which
+            job, up to `max_restarts` times in all (not one that exits with
+            `EXIT_LATE`: the job runs a later fit than it can join); the job succeeds
+            when every worker left does. Workers get ``TFDIST_ELASTIC=1``, which
             `tfdist_ext.Strategy` reads.
         preload: Module names (``["tensorflow", "keras"]``) imported once by a template
             process that forks the workers (`tfdist_ext.launch.preload`; None reads
@@ -111,14 +112,9 @@ class Launcher:
     def __init__(self, num_workers: int, command: Sequence[str], timeout=None, grace=3.0,
                  verbose=False, env=None, out=None, network=None, max_restarts=0,
                  num_servers=0, output="chief", elastic=False, preload=None):
-        self.num_workers = num_workers
-        self.num_servers = num_servers
-        self.command = list(command)
-        self.timeout = timeout
-        self.grace = grace
-        self.verbose = verbose
-        self.env = dict(env or {})
-        self.elastic = elastic
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.command, self.timeout, self.grace = list(command), timeout, grace
+        self.verbose, self.env, self.elastic = verbose, dict(env or {}), elastic
         if elastic:
             self.env.setdefault(ELASTIC_VARIABLE, "1")
         self.lost: List[int] = []  # workers that died in an elastic job, not replaced
@@ -358,10 +354,12 @@ class Launcher:
                     others = [w for w in self.workers if not w.server and w is not worker
                               and w.index not in self.lost and w.process.poll() in (None, 0)]
                     if self.elastic and not worker.server and others:
+                        late = code == EXIT_LATE  # the job runs a later fit than its script's
                         self.say(f"{worker.name} (pid {worker.process.pid}) {describe_exit(code)}"
-                                 "; the others go on without it (--elastic).")
-                        if all(w.process.poll() == 0 for w in others):
-                            self.lost.append(worker.index)  # came back after the end
+                                 + (" (too late to rejoin: not started again)" if late else "")
+                                 + "; the others go on without it (--elastic).")
+                        if late or all(w.process.poll() == 0 for w in others):
+                            self.lost.append(worker.index)  # (or came back after the end)
                         else:
                             self._replace(worker)
                         continue
