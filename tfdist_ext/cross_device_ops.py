@@ -372,25 +372,28 @@ def _engine_gathers(value, axis) -> bool:
 
 def _gather_along(engine, value, local_index, axis):
     """Every replica's `value` concatenated along `axis` in rank order (the engine's
-    `all_gather_v`; the other dimensions equal on every replica)."""
+    `all_gather_v`); other dimensions unequal between replicas raise InvalidArgumentError."""
     rank = value.shape.rank
     axis = axis + rank if axis < 0 else axis
     order = [axis] + [d for d in range(rank) if d != axis]
     with tf.device(engine.devices[local_index]):
         front = tf.transpose(value, order) if axis else value
         shape = tf.shape(front, out_type=tf.int64)
-        lengths = engine.all_gather(shape[:1], local_index, label="tfdist/gather/lengths")
+        shapes = tf.reshape(engine.all_gather(shape, local_index, label="tfdist/gather/shapes"),
+                            [-1, rank])
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                shapes[:, 1:], shapes[:1, 1:], message=(
+                    f"strategy.gather along axis {axis}: the replicas hold values that differ "
+                    "in another dimension (x: those dimensions, a row per replica)"))]):
+            lengths = tf.identity(shapes[:, 0])
         whole = tf.concat([[tf.reduce_sum(lengths)], shape[1:]], 0)
         if 0 in front.shape[1:]:  # nothing to send (TF's own gather crashes here)
             out = tf.zeros(whole, value.dtype)
         else:
-            flat = tf.reshape(front, [-1])
-            if value.dtype == tf.bool:
-                flat = tf.cast(flat, tf.int32)
-            gathered = engine.all_gather_v(flat, local_index, label="tfdist/gather",
+            wire = tf.int32 if value.dtype == tf.bool else value.dtype  # (a no-op cast else)
+            gathered = engine.all_gather_v(tf.cast(tf.reshape(front, [-1]), wire), local_index,
+                                           label="tfdist/gather",
                                            counts=lengths * tf.reduce_prod(shape[1:]))
-            if value.dtype == tf.bool:
-                gathered = tf.cast(gathered, tf.bool)
-            out = tf.reshape(gathered, whole)
+            out = tf.reshape(tf.cast(gathered, value.dtype), whole)
         out.set_shape([None] + front.shape[1:])
         return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out

@@ -81,3 +81,15 @@ def test_another_dimension_of_length_0_and_allreduce_native():
     np.testing.assert_array_equal(
         _gather(native, tf.float32, 0, lengths).numpy(),
         np.concatenate([_value(r, tf.float32, 0, lengths) for r in range(3)]))
+
+
+def test_values_that_differ_in_another_dimension_are_refused_naming_the_shapes():
+    # Replica 1's second dimension is 3, the others' 2: no concatenation exists (TF's own
+    # gather fails too); the engine's gather used to return wrong rows.
+    unequal = _strategy(3).experimental_distribute_values_from_function(
+        lambda context: tf.zeros([2, 3 if context.replica_id_in_sync_group == 1 else 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"strategy.gather along axis 0: the replicas hold values that "
+                             r"differ in another dimension \(x: those dimensions, a row per "
+                             r"replica\).*x \(strided_slice:0\) = \] \[\[2\]\[3\]\[2\]\]"):
+        _strategy(3).gather(unequal, axis=0)
