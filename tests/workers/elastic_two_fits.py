@@ -2,14 +2,15 @@
 write them (a head trained on a frozen base, then the whole model at a lower learning
 rate in a second `fit`), under `tfdist-run --elastic`.
 
-    python elastic_two_fits.py OUT_DIR KILL_FIT KILL_STEP
+    python elastic_two_fits.py OUT_DIR KILL_FIT KILL_STEP [evaluate-first]
 
 Worker 1 SIGKILLs itself before training step KILL_STEP of fit KILL_FIT (1 or 2). While
 the job is short of a worker the members sleep 1 s after each step (at most 120 s),
 leaving its replacement time to join, or to be refused: a replacement that exits writes
 OUT_DIR/replacement_exit.txt, and the members then go on at full speed. Each worker that
 ends writes OUT_DIR/w{index}.json: a hash of its weights, its members, the joins and
-failures it saw, and both fits' losses.
+failures it saw, and both fits' losses. With "evaluate-first", every worker evaluates
+the untrained model before the first fit (a baseline).
 """
 
 import hashlib
@@ -53,6 +54,8 @@ with strategy.scope():
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 try:
+    if sys.argv[4:] == ["evaluate-first"]:
+        model.evaluate(x, y, batch_size=64, verbose=0)
     head = model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=callbacks(1))
     with strategy.scope():
         base.trainable = True

@@ -56,6 +56,17 @@ def refusal(worker: int, theirs: int, ours: int) -> str:
             "learning rate or unfreeze layers between epochs).")
 
 
+def inference_first(me: int) -> JoinRefused:
+    """The refusal of replacement `me`, whose script runs `evaluate` or `predict` before
+    the fit it could join in (it has no members to run them with)."""
+    return JoinRefused(
+        f"tfdist_ext: worker {me} replaces a dead worker, but its script runs evaluate or "
+        "predict before a fit (a replacement runs the script from the start and joins at a "
+        "training step of the members' fit): it cannot join. The job goes on without it. "
+        "To let replacements join, evaluate after the fit or as its validation "
+        "(validation_data).")
+
+
 def check_fit(me: int, mine: int, members: Optional[int]):
     """Raises JoinRefused if the members run another fit than this replacement's
     `mine` (`members`: theirs, as they answered; None: not known)."""

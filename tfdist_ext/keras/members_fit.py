@@ -104,9 +104,14 @@ class ElasticFit:
 
     def begin_inference(self, model, within_fit: bool):
         """At the start of `evaluate` or `predict`; a fit's validation (`within_fit`)
-        keeps the functions made within that fit."""
-        if not within_fit:
-            elastic_steps.forget(model)
+        keeps the functions made within that fit. A replacement not yet admitted
+        exits here (`late`): it has no members to run them with."""
+        if within_fit:
+            return
+        if self._recovery.joining:
+            with late(self._recovery.me):
+                raise joining.inference_first(self._recovery.me)
+        elastic_steps.forget(model)
 
     def _join_now(self, model, callbacks) -> int:
         admission = join(model, self._recovery)
