@@ -305,6 +305,8 @@ def test_a_replacement_in_another_fit_than_the_members_is_refused():
         joining.check_fit(2, 1, 2)
     joining.check_fit(2, 2, 2)
     joining.check_fit(2, 1, None)  # members of a version that does not say
+    assert joining.request_fit("p/join/2/0000001000.000000-7") == 0  # nor its request
+    assert joining.request_fit(joining.request_key("p", 2, "0000001000.000000-7", 12)) == 12
     # A request of the members' fit raises the flag; if their fit ends before a step
     # carries it, the next fit's start refuses it and lowers the flag.
     request, _ = joining.ask("p", 2, timely.address, {0: own.address}, [0], 2)

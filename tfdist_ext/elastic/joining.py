@@ -13,8 +13,9 @@ A replacement runs its script from the start, so it can join only in the `fit`
 the members run: each request names the replacement's fit (counted per
 strategy), and a replacement in another fit is refused (`refusal`, `JoinRefused`)
 before it traces anything where the members' answer already tells, else by the
-leader; it then exits with `tfdist_ext.launch.elastic_env.EXIT_LATE`, and the
-launcher does not start it again.
+leader; so is one whose script runs `evaluate` or `predict` before its first fit
+(`inference_first`). It then exits with `tfdist_ext.launch.elastic_env.EXIT_LATE`,
+and the launcher does not start it again.
 """
 
 import json
@@ -33,7 +34,8 @@ ANSWER_SECONDS = 2.0
 
 
 class JoinRefused(MembershipError):
-    """A replacement the running job cannot take in: its script is in another `fit`."""
+    """A replacement the running job cannot take in: its script is in another `fit`, or
+    runs `evaluate` or `predict` before one."""
 
 
 def request_key(prefix: str, worker: int, nonce: str, fit: int) -> str:
@@ -41,8 +43,10 @@ def request_key(prefix: str, worker: int, nonce: str, fit: int) -> str:
 
 
 def request_fit(request: str) -> int:
-    """The `fit` (1 for the script's first) the replacement of `request` runs."""
-    return int(request.rpartition("-fit")[2])
+    """The `fit` (1 for the script's first) the replacement of `request` runs; 0 where
+    the request does not say (another version's: refused, as no fit is 0)."""
+    head, _, fit = request.rpartition("-fit")
+    return int(fit) if head and fit.isdigit() else 0
 
 
 def refusal(worker: int, theirs: int, ours: int) -> str:
