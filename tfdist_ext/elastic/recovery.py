@@ -99,7 +99,7 @@ class Recovery:
         self.state_stale = False  # the members changed outside a step function
         # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
-        self.catching_up = self.rehearsing = False  # (joined; the members' fit is ahead)
+        self.catching_up = self.rehearsing = False  # (joined, the members' fit ahead)
         self._stores, running, self.found_fit = joining.stores_at_start(
             self._prefix, self.me, self.members, self._store.address)
         self.joining = self.replacement = running is not None
@@ -251,13 +251,14 @@ class Recovery:
         return self._split
 
     def look_again(self) -> bool:
-        """A replacement not yet admitted: whether the members changed since it `found`
-        them (`joining.members_now`); if so, `found` and their stores are updated."""
+        """A replacement not yet admitted: whether the members changed since it `found` them
+        (`joining.members_now`); if so, updates `found` and their stores (`check_fit`)."""
         now = joining.members_now(self._prefix, self.me, self._addresses)
         if now is None or now[0] == self.found:
             return False
         self.found, self.found_fit = now[0], now[2]
         self._stores.update(now[1])
+        joining.check_fit(self.me, self.fit, self.found_fit)
         return True
 
     def abort_communicators(self, reason: str, task: str):

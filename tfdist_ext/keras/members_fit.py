@@ -175,12 +175,12 @@ def join(model, recovery) -> dict:
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
     rehearsed = rehearse(model, recovery)
-    if rehearsed is not None and recovery.look_again():  # a death or a join meanwhile
+    with late(recovery.me):
+        again = rehearsed is not None and recovery.look_again()  # a death or a join meanwhile
+    if again:
         log.warning("tfdist_ext: worker %d traced its step for members %s, but the job now "
                     "has %s: it rehearses again.", recovery.me, list(rehearsed),
                     list(recovery.found))
-        with late(recovery.me):
-            joining.check_fit(recovery.me, recovery.fit, recovery.found_fit)
         model.make_train_function(force=True)
         rehearsed = rehearse(model, recovery)
     with late(recovery.me):
