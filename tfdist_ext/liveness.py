@@ -228,7 +228,7 @@ class Watcher:
             return f"its server is gone ({type(err).__name__}: {text[:200]})"
 
     def _fail(self, task, problem):
-        then = ("Aborting the collectives in flight; the survivors go on (elastic)."
+        then = ("Aborting the collectives in flight (elastic training)."
                 if self.keep_watching else f"Stopping {self.me}'s collectives.")
         self.reason = f"tfdist_ext: peer {task} ({self.peers[task]}) failed: {problem}. {then}"
         log.error("%s", self.reason)

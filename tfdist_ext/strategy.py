@@ -332,6 +332,13 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         """(first, last + 1) collective group keys this strategy may use."""
         return (self._collective_key_base, self._collective_key_base + KEY_SPAN)
 
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """`tf.distribute.Strategy.run`. Under elastic training, outside Keras' `fit`,
+        `evaluate` and `predict` (a custom training loop), it warns once that a death
+        there stops the job (`tfdist_ext.elastic.seam.OUTSIDE_KERAS`)."""
+        self.membership.before_run()
+        return super().run(fn, args=args, kwargs=kwargs, options=options)
+
     def reduce(self, reduce_op, value, axis=None):
         """`tf.distribute.Strategy.reduce`, accepting nests and per-replica scalars.
 

@@ -18,6 +18,12 @@ from tfdist_ext.elastic import options as options_lib
 from tfdist_ext.elastic import recovery as recovery_lib
 
 log = logging.getLogger("tfdist_ext")
+OUTSIDE_KERAS = (
+    "The survivors of a death go on inside Keras' fit, evaluate and predict only; a "
+    "worker's death in a custom training loop stops the job. To survive deaths, train "
+    "with model.fit (override Model.train_step for a custom step), or run without "
+    "elastic and restart the whole job from a checkpoint (tfdist-run --max-restarts N, "
+    "tf.train.CheckpointManager or keras.callbacks.BackupAndRestore).")
 
 
 class Members(Protocol):
@@ -56,6 +62,13 @@ class Members(Protocol):
     def between_steps(self, run: Callable, alone: Callable):
         """`run()`, a collective outside a step function; `alone()` if the members
         changed during it."""
+
+    def in_keras(self):
+        """A context around Keras' `fit`, `evaluate` and `predict`: where the members
+        may change (elsewhere, in a custom training loop, a death stops the job)."""
+
+    def before_run(self) -> None:
+        """At every `Strategy.run`: says once if it runs where the members cannot change."""
 
     def step_flags(self) -> list:
         """Float32 tensors of shape [1] to sum over the workers at every step."""
@@ -97,6 +110,12 @@ class Fixed:
     def between_steps(self, run, alone):  # pylint: disable=unused-argument
         return run()
 
+    def in_keras(self):
+        return contextlib.nullcontext()
+
+    def before_run(self) -> None:
+        pass
+
     def step_flags(self) -> list:
         return []
 
@@ -118,6 +137,8 @@ class Elastic:
 
     def __init__(self, recovery: recovery_lib.Recovery):
         self.recovery = recovery
+        self._keras_calls = 0  # fit, evaluate and predict running (nested: fit's validation)
+        self._warned = False
 
     @property
     def behind(self) -> bool:
@@ -142,7 +163,27 @@ class Elastic:
         return self.recovery.on_promotion(callback)
 
     def between_steps(self, run, alone):
+        """Survives a death inside Keras' `fit`, `evaluate` or `predict` only; elsewhere
+        (a custom training loop reading its distributed dataset) the error is raised."""
+        if not self._keras_calls:
+            return run()
         return self.recovery.between_steps(run, alone)
+
+    @contextlib.contextmanager
+    def in_keras(self):
+        self._keras_calls += 1
+        try:
+            yield
+        finally:
+            self._keras_calls -= 1
+
+    def before_run(self) -> None:
+        """Warns once at a `Strategy.run` outside Keras' `fit`, `evaluate` and `predict`
+        (a custom training loop): a death there stops the job (`OUTSIDE_KERAS`)."""
+        if not self._keras_calls and not self._warned:
+            self._warned = True
+            log.warning("tfdist_ext: elastic training: strategy.run outside Keras' fit, "
+                        "evaluate and predict (a custom training loop). %s", OUTSIDE_KERAS)
 
     def step_flags(self) -> list:
         """The join request this worker saw (`admission.Requests`)."""
@@ -153,8 +194,16 @@ class Elastic:
 
     def watch(self, cluster_spec, abort_collectives) -> None:  # pylint: disable=unused-argument
         """A death aborts the members' UCX communicators (`Recovery.abort_communicators`);
-        the watcher keeps watching after it, for the deaths after."""
-        liveness.watch(cluster_spec, self.recovery.abort_communicators, keep_watching=True)
+        the watcher keeps watching after it, for the deaths after. Outside Keras' `fit`,
+        `evaluate` and `predict` the reason, which the failed collectives raise, says that
+        the job stops (`OUTSIDE_KERAS`)."""
+        def abort(reason, task):
+            if not self._keras_calls:
+                reason = (f"{reason} This worker is outside Keras' fit, evaluate and "
+                          f"predict. {OUTSIDE_KERAS}")
+            self.recovery.abort_communicators(reason, task)
+
+        liveness.watch(cluster_spec, abort, keep_watching=True)
 
 
 def for_strategy(strategy, options, key_prefix: str, cluster_spec) -> Members:

@@ -180,10 +180,12 @@ def wrap_fit(original):
                     args[5] = list(args[5] or []) + stop
                 else:
                     kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
-            _begin_fit(members, self, args, kwargs)
             try:
-                with saving.inside_fit(), moved_momentum.during_fit(strategy, self.optimizer):
-                    return original(self, *args, **kwargs)
+                with strategy.membership.in_keras():
+                    _begin_fit(members, self, args, kwargs)
+                    with saving.inside_fit(), moved_momentum.during_fit(strategy,
+                                                                        self.optimizer):
+                        return original(self, *args, **kwargs)
             except tf.errors.FailedPreconditionError as err:
                 if local_input.is_short_dataset(err):
                     raise local_input.short_dataset_error(err, "fit") from err
@@ -240,7 +242,8 @@ def wrap_inference(original):
         _replace_argument(args, kwargs, 0, "x",
                           lambda data: local_input.common_length(data, strategy))
         try:
-            return original(self, *args, **kwargs)
+            with strategy.membership.in_keras():
+                return original(self, *args, **kwargs)
         except tf.errors.FailedPreconditionError as err:
             if local_input.is_short_dataset(err):
                 raise local_input.short_dataset_error(err, original.__name__) from err
