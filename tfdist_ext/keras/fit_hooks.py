@@ -155,45 +155,48 @@ def wrap_fit(original):
         if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
-        members = members_fit.of(strategy)
-        extra = strategy.fit_callbacks() + members.fit_callbacks(self)
-        args = list(args)
-        _check_data_order(strategy, args, kwargs)
-        for position, name in ((0, "x"), (7, "validation_data")):
-            _replace_argument(args, kwargs, position, name,
-                              lambda data: local_input.common_length(data, strategy))
-        if len(args) > 5:  # x, y, batch_size, epochs, verbose, callbacks, ...
-            args[5] = _with_callbacks(args[5], extra)
-            callbacks = args[5]
-        else:
-            kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
-            callbacks = kwargs["callbacks"]
-        with worker_callbacks.for_this_worker(callbacks, strategy):
-            if strategy.sync_runner is None and not isinstance(
-                    callbacks, keras.callbacks.CallbackList):
-                backups = [c for c in callbacks or []
-                           if isinstance(c, keras.callbacks.BackupAndRestore)]
-                stop = [preemption.StopOnPreemption(strategy, backups)]
-                if strategy.num_workers > 1 and not members.changes:
-                    stop.append(stop_training.AgreeOnStop(strategy))
-                if len(args) > 5:
-                    args[5] = list(args[5] or []) + stop
-                else:
-                    kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
-            try:
-                with strategy.membership.in_keras():
-                    _begin_fit(members, self, args, kwargs)
-                    with saving.inside_fit(), moved_momentum.during_fit(strategy,
-                                                                        self.optimizer):
-                        return original(self, *args, **kwargs)
-            except tf.errors.FailedPreconditionError as err:
-                if local_input.is_short_dataset(err):
-                    raise local_input.short_dataset_error(err, "fit") from err
-                raise
-            finally:
-                strategy.keep_logs_local(False)  # also when fit raised (sync="async")
+        with strategy.membership.in_keras():  # where a death is survived (elastic)
+            return _fit(original, self, strategy, list(args), kwargs)
 
     return fit
+
+
+def _fit(original, model, strategy, args, kwargs):
+    """The body of `wrap_fit`'s `fit` for a `tfdist_ext.Strategy` (`args` a list)."""
+    members = members_fit.of(strategy)
+    extra = strategy.fit_callbacks() + members.fit_callbacks(model)
+    _check_data_order(strategy, args, kwargs)
+    for position, name in ((0, "x"), (7, "validation_data")):
+        _replace_argument(args, kwargs, position, name,
+                          lambda data: local_input.common_length(data, strategy))
+    if len(args) > 5:  # x, y, batch_size, epochs, verbose, callbacks, ...
+        args[5] = _with_callbacks(args[5], extra)
+        callbacks = args[5]
+    else:
+        kwargs["callbacks"] = _with_callbacks(kwargs.get("callbacks"), extra)
+        callbacks = kwargs["callbacks"]
+    with worker_callbacks.for_this_worker(callbacks, strategy):
+        if strategy.sync_runner is None and not isinstance(
+                callbacks, keras.callbacks.CallbackList):
+            backups = [c for c in callbacks or []
+                       if isinstance(c, keras.callbacks.BackupAndRestore)]
+            stop = [preemption.StopOnPreemption(strategy, backups)]
+            if strategy.num_workers > 1 and not members.changes:
+                stop.append(stop_training.AgreeOnStop(strategy))
+            if len(args) > 5:
+                args[5] = list(args[5] or []) + stop
+            else:
+                kwargs["callbacks"] = list(kwargs["callbacks"] or []) + stop
+        _begin_fit(members, model, args, kwargs)
+        try:
+            with saving.inside_fit(), moved_momentum.during_fit(strategy, model.optimizer):
+                return original(model, *args, **kwargs)
+        except tf.errors.FailedPreconditionError as err:
+            if local_input.is_short_dataset(err):
+                raise local_input.short_dataset_error(err, "fit") from err
+            raise
+        finally:
+            strategy.keep_logs_local(False)  # also when fit raised (sync="async")
 
 
 def _begin_fit(members, model, args, kwargs):
@@ -235,21 +238,25 @@ def wrap_inference(original):
         if frontends.our_strategy(strategy) is None:
             return original(self, *args, **kwargs)
         patch_check.require_for(self, strategy)
-        # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`.
-        members_fit.of(strategy).begin_inference(
-            self, within_fit=bool(kwargs.get("_use_cached_eval_dataset")))
-        args = list(args)
-        _replace_argument(args, kwargs, 0, "x",
-                          lambda data: local_input.common_length(data, strategy))
-        try:
-            with strategy.membership.in_keras():
-                return original(self, *args, **kwargs)
-        except tf.errors.FailedPreconditionError as err:
-            if local_input.is_short_dataset(err):
-                raise local_input.short_dataset_error(err, original.__name__) from err
-            raise
+        with strategy.membership.in_keras():  # where a death is survived (elastic)
+            return _inference(original, self, strategy, list(args), kwargs)
 
     return run
+
+
+def _inference(original, model, strategy, args, kwargs):
+    """The body of `wrap_inference`'s `run` for a `tfdist_ext.Strategy`."""
+    # Keras' fit passes `_use_cached_eval_dataset` to its validation's `evaluate`.
+    members_fit.of(strategy).begin_inference(
+        model, within_fit=bool(kwargs.get("_use_cached_eval_dataset")))
+    _replace_argument(args, kwargs, 0, "x",
+                      lambda data: local_input.common_length(data, strategy))
+    try:
+        return original(model, *args, **kwargs)
+    except tf.errors.FailedPreconditionError as err:
+        if local_input.is_short_dataset(err):
+            raise local_input.short_dataset_error(err, original.__name__) from err
+        raise
 
 
 def _replace_argument(args, kwargs, position, name, replace):
