@@ -54,6 +54,7 @@ forwards nothing to them.
 
 import copy
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat, reductions
@@ -315,6 +316,7 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         TF's are fixed at the start. Lengths along `axis` may differ between replicas.
         TF's path takes the rest (`_engine_gathers`), and `allreduce="native"`."""
         values = [v for per_replica in per_replica_values for v in per_replica.values]
+        axis = _static_axis(axis)
         if (self._group_size == 1 or self.config.engine != "ucx" or self._native_only
                 or not all(_engine_gathers(v, axis) for v in values)):
             return super()._batch_all_gather(per_replica_values, axis, options)
@@ -361,13 +363,47 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                               calibration=self.choice.calibration)
 
 
+# What `_gather_along` sends other dtypes as: narrow integers (and bool) widened by a
+# cast; 8- and 16-byte ones reinterpreted as int64 words.
+_WIDENED = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32,
+            tf.uint16: tf.int32, tf.uint32: tf.int64}
+_AS_WORDS = (tf.uint64, tf.complex64, tf.complex128)
+
+
 def _engine_gathers(value, axis) -> bool:
-    """Whether `_gather_along` takes `value`: rank 1 or more, an engine dtype or bool,
-    and a Python `axis`."""
+    """Whether `_gather_along` takes `value`: rank 1 or more, a dtype it can send (any
+    number or bool), and an `axis` known when traced."""
     rank = value.shape.rank
     if not rank or not isinstance(axis, int) or not -rank <= axis < rank:
         return False
-    return value.dtype in ucx_engine.SUPPORTED_DTYPES or value.dtype == tf.bool
+    return (value.dtype in ucx_engine.SUPPORTED_DTYPES or value.dtype in _WIDENED
+            or value.dtype in _AS_WORDS)
+
+
+def _static_axis(axis):
+    """`axis` as a Python int where it is an integer known when traced (a constant
+    tensor, a numpy integer), else as given."""
+    static = np.asarray(tf.get_static_value(axis))
+    return int(static) if static.ndim == 0 and np.issubdtype(static.dtype, np.integer) else axis
+
+
+def _to_wire(flat):
+    """Rank-1 `flat` as a rank-1 tensor of an engine dtype, and its elements per value."""
+    if flat.dtype in ucx_engine.SUPPORTED_DTYPES:
+        return flat, 1
+    if flat.dtype in _WIDENED:
+        return tf.cast(flat, _WIDENED[flat.dtype]), 1
+    return tf.reshape(tf.bitcast(flat, tf.int64), [-1]), flat.dtype.size // 8
+
+
+def _from_wire(wire, dtype):
+    """The inverse of `_to_wire` (rank 1)."""
+    if dtype in ucx_engine.SUPPORTED_DTYPES:
+        return wire
+    if dtype in _WIDENED:
+        return tf.cast(wire, dtype)
+    words = dtype.size // 8
+    return tf.bitcast(wire if words == 1 else tf.reshape(wire, [-1, words]), dtype)
 
 
 def _gather_along(engine, value, local_index, axis):
@@ -390,10 +426,9 @@ def _gather_along(engine, value, local_index, axis):
         if 0 in front.shape[1:]:  # nothing to send (TF's own gather crashes here)
             out = tf.zeros(whole, value.dtype)
         else:
-            wire = tf.int32 if value.dtype == tf.bool else value.dtype  # (a no-op cast else)
-            gathered = engine.all_gather_v(tf.cast(tf.reshape(front, [-1]), wire), local_index,
-                                           label="tfdist/gather",
-                                           counts=lengths * tf.reduce_prod(shape[1:]))
-            out = tf.reshape(tf.cast(gathered, value.dtype), whole)
+            wire, words = _to_wire(tf.reshape(front, [-1]))
+            gathered = engine.all_gather_v(wire, local_index, label="tfdist/gather",
+                                           counts=lengths * tf.reduce_prod(shape[1:]) * words)
+            out = tf.reshape(_from_wire(gathered, value.dtype), whole)
         out.set_shape([None] + front.shape[1:])
         return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out

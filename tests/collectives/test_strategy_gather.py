@@ -54,6 +54,36 @@ def test_gather_equals_numpy_along_each_axis(replicas, lengths, dtype):
         np.testing.assert_array_equal(np.asarray(got.numpy(), want.dtype), want)
 
 
+OTHER_DTYPES = [tf.int8, tf.uint8, tf.int16, tf.uint16, tf.uint32, tf.uint64, tf.complex64,
+                tf.complex128]
+
+
+@pytest.mark.parametrize("dtype", OTHER_DTYPES, ids=lambda d: d.name)
+def test_dtypes_the_engine_lacks_are_widened_or_sent_as_words_exactly(dtype):
+    # Narrow integers travel widened (cast), 8- and 16-byte dtypes as int64 words
+    # (bitcast): extremes and imaginary parts come back bit for bit, on the engine.
+    lengths, numpy_type = (2, 0, 5), dtype.as_numpy_dtype
+
+    def value(replica, axis):
+        base = _value(replica, tf.int64, axis, lengths)
+        if dtype.is_complex:
+            return (base + 1j * (base + 0.5)).astype(numpy_type)
+        return np.iinfo(numpy_type).max - base.astype(numpy_type)  # wraps where narrow
+
+    strategy = _strategy(3)
+    for axis in (0, 1, -1):
+        per_replica = strategy.experimental_distribute_values_from_function(
+            lambda context, axis=axis: tf.constant(value(context.replica_id_in_sync_group,
+                                                         axis)))
+        got = strategy.gather(per_replica, axis=tf.constant(axis))  # known when traced
+        want = np.concatenate([value(r, axis) for r in range(3)], axis=axis)
+        assert got.dtype == dtype and tuple(got.shape) == want.shape, (axis, got.shape)
+        np.testing.assert_array_equal(got.numpy(), want)
+    graph = tf.function(lambda: strategy.gather(per_replica, axis=tf.constant(-1))
+                        ).get_concrete_function()
+    assert "TfdistUcxAllGatherV" in {op.type for op in graph.graph.get_operations()}
+
+
 def test_gather_runs_on_the_engine_and_equals_tfs_own():
     # The traced gather holds the engine's variable-length all-gather, not TF's op.
     lengths = (2, 0, 5)
