@@ -54,12 +54,12 @@ forwards nothing to them.
 
 import copy
 
-import numpy as np
 import tensorflow as tf
 
 from tfdist_ext import _compat, reductions
 from tfdist_ext.bucketing import gradients as gradient_buckets
-from tfdist_ext.collectives import choice, engines, fusion, sparse, ucx_engine, wire_bytes
+from tfdist_ext.collectives import (choice, engines, fusion, sparse, strategy_gather,
+                                    ucx_engine, wire_bytes)
 from tfdist_ext.collectives import engine as engine_lib
 from tfdist_ext.compression import NoCompression, reduction_hooks
 from tfdist_ext.state import StrategyState
@@ -314,16 +314,16 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
         """`strategy.gather` (Keras' `predict` across workers concatenates its outputs
         so) on the UCX engine, whose communicators follow an elastic job's members;
         TF's are fixed at the start. Lengths along `axis` may differ between replicas.
-        TF's path takes the rest (`_engine_gathers`), and `allreduce="native"`."""
+        TF's path takes the rest (`strategy_gather.engine_gathers`), and `allreduce="native"`."""
         values = [v for per_replica in per_replica_values for v in per_replica.values]
-        axis = _static_axis(axis)
+        axis = strategy_gather.static_axis(axis)
         if (self._group_size == 1 or self.config.engine != "ucx" or self._native_only
-                or not all(_engine_gathers(v, axis) for v in values)):
+                or not all(strategy_gather.engine_gathers(v, axis) for v in values)):
             return super()._batch_all_gather(per_replica_values, axis, options)
         engine = self.engines.main()
 
         def gather_all():
-            return [[_gather_along(engine, value, i, axis)
+            return [[strategy_gather.gather_along(engine, value, i, axis)
                      for i, value in enumerate(per_replica.values)]
                     for per_replica in per_replica_values]
 
@@ -361,74 +361,3 @@ class CrossDeviceOps(_compat.CollectiveAllReduce):
                               engine_role=self._engine_role,
                               densify_sparse=self.densify_sparse,
                               calibration=self.choice.calibration)
-
-
-# What `_gather_along` sends other dtypes as: narrow integers (and bool) widened by a
-# cast; 8- and 16-byte ones reinterpreted as int64 words.
-_WIDENED = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32,
-            tf.uint16: tf.int32, tf.uint32: tf.int64}
-_AS_WORDS = (tf.uint64, tf.complex64, tf.complex128)
-
-
-def _engine_gathers(value, axis) -> bool:
-    """Whether `_gather_along` takes `value`: rank 1 or more, a dtype it can send (any
-    number or bool), and an `axis` known when traced."""
-    rank = value.shape.rank
-    if not rank or not isinstance(axis, int) or not -rank <= axis < rank:
-        return False
-    return (value.dtype in ucx_engine.SUPPORTED_DTYPES or value.dtype in _WIDENED
-            or value.dtype in _AS_WORDS)
-
-
-def _static_axis(axis):
-    """`axis` as a Python int where it is an integer known when traced (a constant
-    tensor, a numpy integer), else as given."""
-    static = np.asarray(tf.get_static_value(axis))
-    return int(static) if static.ndim == 0 and np.issubdtype(static.dtype, np.integer) else axis
-
-
-def _to_wire(flat):
-    """Rank-1 `flat` as a rank-1 tensor of an engine dtype, and its elements per value."""
-    if flat.dtype in ucx_engine.SUPPORTED_DTYPES:
-        return flat, 1
-    if flat.dtype in _WIDENED:
-        return tf.cast(flat, _WIDENED[flat.dtype]), 1
-    return tf.reshape(tf.bitcast(flat, tf.int64), [-1]), flat.dtype.size // 8
-
-
-def _from_wire(wire, dtype):
-    """The inverse of `_to_wire` (rank 1)."""
-    if dtype in ucx_engine.SUPPORTED_DTYPES:
-        return wire
-    if dtype in _WIDENED:
-        return tf.cast(wire, dtype)
-    words = dtype.size // 8
-    return tf.bitcast(wire if words == 1 else tf.reshape(wire, [-1, words]), dtype)
-
-
-def _gather_along(engine, value, local_index, axis):
-    """Every replica's `value` concatenated along `axis` in rank order (the engine's
-    `all_gather_v`); other dimensions unequal between replicas raise InvalidArgumentError."""
-    rank = value.shape.rank
-    axis = axis + rank if axis < 0 else axis
-    order = [axis] + [d for d in range(rank) if d != axis]
-    with tf.device(engine.devices[local_index]):
-        front = tf.transpose(value, order) if axis else value
-        shape = tf.shape(front, out_type=tf.int64)
-        shapes = tf.reshape(engine.all_gather(shape, local_index, label="tfdist/gather/shapes"),
-                            [-1, rank])
-        with tf.control_dependencies([tf.debugging.assert_equal(
-                shapes[:, 1:], shapes[:1, 1:], message=(
-                    f"strategy.gather along axis {axis}: the replicas hold values that differ "
-                    "in another dimension (x: those dimensions, a row per replica)"))]):
-            lengths = tf.identity(shapes[:, 0])
-        whole = tf.concat([[tf.reduce_sum(lengths)], shape[1:]], 0)
-        if 0 in front.shape[1:]:  # nothing to send (TF's own gather crashes here)
-            out = tf.zeros(whole, value.dtype)
-        else:
-            wire, words = _to_wire(tf.reshape(front, [-1]))
-            gathered = engine.all_gather_v(wire, local_index, label="tfdist/gather",
-                                           counts=lengths * tf.reduce_prod(shape[1:]) * words)
-            out = tf.reshape(_from_wire(gathered, value.dtype), whole)
-        out.set_shape([None] + front.shape[1:])
-        return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out
