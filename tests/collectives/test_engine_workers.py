@@ -53,6 +53,8 @@ def test_every_algorithm_reduces_across_workers(tmp_path, engine, num_workers):
                 r["disagree"]
         assert "rank 1 sums 262145 float32 elements, this rank 262144 float32" in \
             results[0]["disagree"]["error"], results[0]
+        # The elastic state broadcast: complex parts, uint64 and top bits bit for bit.
+        assert [r["state"] for r in results] == [[]] * num_workers, results
 
 
 @pytest.mark.parametrize("engine", ["ucx"])

@@ -125,6 +125,36 @@ def check_sparse(index, num_workers, engine):
             "tf_gather": "CollectiveGatherV2" in ops}
 
 
+def check_state_broadcast(index):
+    """The elastic state broadcast of Keras variables from rank 1, every number dtype and
+    bool (complex and uint64 as int64 words, narrow ones widened, zero-length ones
+    skipped): the mismatches against rank 1's values, which every worker computes."""
+    from tfdist_ext.elastic import state_sync  # pylint: disable=import-outside-toplevel
+    strategy = tfdist_ext.Strategy(engine="ucx")
+    engine = strategy.extended.cross_device_ops.engines.new(role="state")
+    dtypes = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16",
+              "uint16", "int32", "uint32", "int64", "uint64", "bool", "complex64",
+              "complex128"]
+
+    def values(rank, dtype, size):
+        rng = np.random.default_rng(rank * 100 + size)
+        ints = rng.integers(-100, 100, size)
+        if dtype == "bool":
+            return ints > 0
+        if dtype.startswith("complex"):
+            return (ints + 1j * rng.integers(-100, 100, size)).astype(dtype)
+        if dtype.startswith("u"):  # the top bit set: a widening must not lose it
+            return np.abs(ints).astype(dtype) | np.array(np.iinfo(dtype).max // 2 + 1, dtype)
+        return ints.astype(tf.as_dtype(dtype).as_numpy_dtype)
+
+    cases = [(d, size) for d in dtypes for size in (7, 0)]
+    variables = [keras.Variable(values(index, d, size), dtype=d, trainable=False)
+                 for d, size in cases]
+    state_sync.broadcast(engine, variables, root=1)
+    return [f"{d}[{size}]" for v, (d, size) in zip(variables, cases)
+            if not np.array_equal(v.numpy(), values(1, d, size))]
+
+
 def main(out_dir, *flags):
     engine = flags[flags.index("--engine") + 1] if "--engine" in flags else "tf"
     num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
@@ -141,6 +171,7 @@ def main(out_dir, *flags):
         results["sparse"] = check_sparse(index, num_workers, engine)
         if engine == "ucx":
             results["disagree"] = check_disagreement(index)
+            results["state"] = check_state_broadcast(index)
     else:
         # Worker 1 refuses shared memory, so every worker runs the schedules
         # over UCX (and the fits compare them across processes).

@@ -4,21 +4,14 @@ workers concatenates its outputs so; on an elastic job the engine's communicator
 the members, where TF's own gather is wired for the first members only.
 
 `CrossDeviceOps._batch_all_gather` asks `engine_gathers` and calls `gather_along` per
-replica. Dtypes the engine lacks travel as ones it has: narrow integers and bool widened
-by a cast, 8- and 16-byte dtypes as int64 words; strings and an axis known only when the
-function runs take TF's gather.
+replica. Dtypes the engine lacks travel as ones it has (`wire_dtypes`); strings and an
+axis known only when the function runs take TF's gather.
 """
 
 import numpy as np
 import tensorflow as tf
 
-from tfdist_ext.collectives import ucx_engine
-
-
-# What `gather_along` sends other dtypes as: narrow integers (and bool) widened by a cast
-# (uint32 to int64); 8- and 16-byte ones reinterpreted as int64 words.
-_CAST = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16, tf.uint32)
-_AS_WORDS = (tf.uint64, tf.complex64, tf.complex128)
+from tfdist_ext.collectives import wire_dtypes
 
 
 def engine_gathers(value, axis) -> bool:
@@ -27,7 +20,7 @@ def engine_gathers(value, axis) -> bool:
     rank = value.shape.rank
     if not rank or not isinstance(axis, int) or not -rank <= axis < rank:
         return False
-    return value.dtype in ucx_engine.SUPPORTED_DTYPES + _CAST + _AS_WORDS
+    return wire_dtypes.carried(value.dtype)
 
 
 def static_axis(axis):
@@ -35,25 +28,6 @@ def static_axis(axis):
     tensor, a numpy integer), else as given."""
     static = np.asarray(tf.get_static_value(axis))
     return int(static) if static.ndim == 0 and np.issubdtype(static.dtype, np.integer) else axis
-
-
-def _to_wire(flat):
-    """Rank-1 `flat` as a rank-1 tensor of an engine dtype, and its elements per value."""
-    if flat.dtype in ucx_engine.SUPPORTED_DTYPES:
-        return flat, 1
-    if flat.dtype in _CAST:
-        return tf.cast(flat, tf.int64 if flat.dtype == tf.uint32 else tf.int32), 1
-    return tf.reshape(tf.bitcast(flat, tf.int64), [-1]), flat.dtype.size // 8
-
-
-def _from_wire(wire, dtype):
-    """The inverse of `_to_wire` (rank 1)."""
-    if dtype in ucx_engine.SUPPORTED_DTYPES:
-        return wire
-    if dtype in _CAST:
-        return tf.cast(wire, dtype)
-    words = dtype.size // 8
-    return tf.bitcast(wire if words == 1 else tf.reshape(wire, [-1, words]), dtype)
 
 
 def gather_along(engine, value, local_index, axis):
@@ -76,9 +50,9 @@ def gather_along(engine, value, local_index, axis):
         if 0 in front.shape[1:]:  # nothing to send (TF's own gather crashes here)
             out = tf.zeros(whole, value.dtype)
         else:
-            wire, words = _to_wire(tf.reshape(front, [-1]))
+            wire, words = wire_dtypes.to_wire(tf.reshape(front, [-1]))
             gathered = engine.all_gather_v(wire, local_index, label="tfdist/gather",
                                            counts=lengths * tf.reduce_prod(shape[1:]) * words)
-            out = tf.reshape(_from_wire(gathered, value.dtype), whole)
+            out = tf.reshape(wire_dtypes.from_wire(gathered, value.dtype), whole)
         out.set_shape([None] + front.shape[1:])
         return tf.transpose(out, [order.index(d) for d in range(rank)]) if axis else out

@@ -110,6 +110,8 @@ def receive(kv, generation, callbacks) -> list:
 class _Array:
     """A numpy array with the part of a variable's interface `state_sync.broadcast` uses."""
 
+    name = "an EarlyStopping callback's kept weight"
+
     def __init__(self, array):
         self.value = np.asarray(array)
 
