@@ -1,7 +1,8 @@
 """Ordinary Keras training features on two worker processes equal single-process training.
 
 Gradient accumulation (keras-team/keras#20582), clipping, class and sample
-weights, validation data and split, steps_per_execution, XLA (`jit_compile`);
+weights, validation data and split, steps_per_execution, XLA (`jit_compile`),
+synchronized batch normalization;
 and mixed precision whose loss-scale overflows must not reach the
 error-feedback residuals.
 """

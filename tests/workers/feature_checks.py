@@ -34,6 +34,9 @@ FEATURES = {
     "validation_data": {"fit": {"validation_data": True}},
     "steps_per_execution": {"compile": {"steps_per_execution": 3}},
     "jit_compile": {"compile": {"jit_compile": True}},
+    # Batch statistics over the global batch (the replicas' sums all-reduced), so
+    # the moving mean and variance equal one process's too.
+    "synchronized_batch_norm": {"model": {"synchronized": True}},
 }
 
 
@@ -45,8 +48,10 @@ def data():
 
 
 def build(feature, optimizer=None):
+    norm = ([keras.layers.BatchNormalization(**feature["model"])] if "model" in feature
+            else [])
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(2, dtype="float32")])
+                              *norm, keras.layers.Dense(2, dtype="float32")])
     model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1, **feature.get("optimizer", {})),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], **feature.get("compile", {}))
