@@ -44,6 +44,16 @@ if mode == "late":
 if mode == "all_fail":  # one after another, each while the others still run
     time.sleep(0.5 + 0.3 * index)
     sys.exit(3)
+joined = os.environ.get("TFDIST_MEMBER_FILE")  # set for a replacement (tfdist-run --elastic)
+if mode in ("members_die", "replacement_joins") and not joined:
+    child.kill()
+    time.sleep((0.3, 2.6, 2.9)[index])  # worker 0's replacement starts before 2 dies
+    sys.exit(3)
+if mode == "replacement_joins":  # it joins the job at once, then finishes it
+    open(joined, "w").close()
+    child.kill()
+    time.sleep(1.5)
+    sys.exit(0)
 if mode in ("ok", "fail_once"):
     child.kill()
     sys.exit(0)
@@ -214,10 +224,32 @@ def test_an_elastic_job_whose_every_worker_dies_fails(tmp_path, how):
     launcher = _start(tmp_path, 3, "all_fail", how, "--elastic")
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 3, out
-    assert ("worker 2 (pid " in out and "exited with code 3, the last worker running: "
-            "worker(s) [0, 1] died before it and have no job left to rejoin (--elastic); "
-            "the job failed; stopping workers [].") in out, out
+    assert ("worker 2 (pid " in out and "exited with code 3, the last worker in the job: "
+            "worker(s) [0, 1] died before it and have not rejoined, and there is no job "
+            "left to rejoin (--elastic); the job failed; stopping workers [].") in out, out
     assert "the job finished" not in out and "starts again in" in out
+
+
+def test_replacements_not_yet_in_the_job_are_stopped_when_its_last_worker_dies(tmp_path,
+                                                                               how):
+    # Worker 0's replacement runs, not yet admitted, when worker 2, the last worker in the
+    # job, dies: the job failed; the replacement must not go on and start it afresh.
+    launcher = _start(tmp_path, 3, "members_die", how, "--elastic")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 3, out
+    assert ("worker 2 (pid " in out and "exited with code 3, the last worker in the job: "
+            "worker(s) [0, 1] died before it and have not rejoined, and there is no job "
+            "left to rejoin (--elastic); the job failed; stopping workers [0].") in out, out
+    assert out.count("hello from 0") == 2 and out.count("hello from 1") == 1, out
+
+
+def test_a_replacement_in_the_job_keeps_it_going_when_the_first_workers_die(tmp_path, how):
+    # The same deaths, but worker 0's replacement joined (it created its member file).
+    launcher = _start(tmp_path, 3, "replacement_joins", how, "--elastic")
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, out
+    assert "the job failed" not in out, out
+    assert "worker 2 starts again in" in out, out
 
 
 def test_an_elastic_worker_too_late_to_rejoin_is_not_started_again(tmp_path, how):

@@ -1,7 +1,10 @@
 """A custom training loop under `tfdist-run --elastic`: elastic recovery covers Keras'
 `fit`, `evaluate` and `predict`, so a worker's death in the loop stops the survivors,
 whose error says why and what to do instead (they used to agree on a new membership at
-the loop's next dataset read, announce that they went on, and fail in the next step)."""
+the loop's next dataset read, announce that they went on, and fail in the next step).
+Run with tfdist-run's default replacements: those started before the last survivor
+failed are stopped with the job (they used to find no job and start it afresh, and the
+launcher could report success)."""
 
 import pytest
 
@@ -15,9 +18,11 @@ WARNING = "tfdist_ext: elastic training: strategy.run outside Keras' fit, evalua
 @NO_UCX
 @pytest.mark.multiworker
 def test_a_death_in_a_custom_loop_stops_the_survivors_saying_why():
-    code, out, seconds = launch(3, [WORKER, 5], options=["--elastic", "--max-restarts", "0"],
-                                timeout=200)
+    code, out, seconds = launch(3, [WORKER, 5], options=["--elastic"], timeout=200)
     assert code == 1, out[-4000:]
+    assert ("have not rejoined, and there is no job left to rejoin (--elastic); the job "
+            "failed") in out, out[-4000:]
+    assert "custom loop done" not in out, out[-4000:]
     lines = out.splitlines()
     for worker in range(3):
         own = [line for line in lines if line.startswith(f"[{worker}] ")]

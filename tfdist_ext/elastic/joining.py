@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist_ext import coordination
-from tfdist_ext.elastic import beacon, fencing, store
+from tfdist_ext.elastic import beacon, fencing, starting, store
 from tfdist_ext.elastic.membership import MembershipError
 
 POLL_SECONDS = 2.0  # how often a waiting replacement checks that a member still answers
@@ -153,6 +153,7 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
         if answer is not None:
             if "refused" in json.loads(answer):
                 raise JoinRefused(json.loads(answer)["refused"])
+            starting.in_the_job()
             return answer
         if time.monotonic() >= deadline:
             raise MembershipError(

@@ -5,10 +5,11 @@ import math
 import os
 from typing import Optional
 
-# TFDIST_ELASTIC and the launcher's wait before it starts a replacement, here for
-# the workers; `tfdist-run` reads them from `launch.elastic_env`, free of TensorFlow.
+# TFDIST_ELASTIC, the launcher's wait before it starts a replacement and the file a
+# replacement creates once in the job, here for the workers; `tfdist-run` reads them
+# from `launch.elastic_env`, free of TensorFlow.
 from tfdist_ext.launch.elastic_env import (  # pylint: disable=unused-import
-    REPLACEMENT_DELAY_SECONDS, VARIABLE)
+    MEMBER_FILE, REPLACEMENT_DELAY_SECONDS, VARIABLE)
 
 
 @dataclasses.dataclass(frozen=True)

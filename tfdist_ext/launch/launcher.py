@@ -9,40 +9,25 @@ after `grace` seconds) and the launcher says which worker failed and how.
 """
 
 import codecs
-import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
 from tfdist_ext.launch.addresses import free_ports, tf_configs
-from tfdist_ext.launch.elastic_env import EXIT_LATE, REPLACEMENT_DELAY_SECONDS
+from tfdist_ext.launch.elastic_env import EXIT_LATE, MEMBER_FILE, REPLACEMENT_DELAY_SECONDS
 from tfdist_ext.launch.elastic_env import VARIABLE as ELASTIC_VARIABLE
+from tfdist_ext.launch.workers import Worker, describe_exit, shell_code
 from tfdist_ext.launch.output import Output
 from tfdist_ext.launch import preload as preload_lib
 
 EXIT_TIMEOUT = 124
 REPLACEMENT_GRACE_SECONDS = 30.0  # elastic: how long a late replacement may run on alone
-
-
-@dataclasses.dataclass
-class Worker:
-    index: int
-    process: subprocess.Popen
-    returncode: Optional[int] = None
-    server: bool = False  # a parameter server ("ps" task), not a worker
-
-    @property
-    def label(self) -> str:
-        """The output prefix: the worker index, or "ps" and the server index."""
-        return f"ps{self.index}" if self.server else str(self.index)
-
-    @property
-    def name(self) -> str:
-        return f"parameter server {self.index}" if self.server else f"worker {self.index}"
 
 
 # Seconds parameter servers get to exit by themselves once every worker has succeeded.
@@ -51,20 +36,6 @@ SERVER_GRACE = 15.0
 # `stop_all`: a `tfdist_ext.Strategy` stops all workers at a common step and writes its
 # backups on SIGTERM (`tfdist_ext.keras.preemption`).
 PREEMPT_GRACE = 30.0
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def shell_code(code: int) -> int:
-    """A process's return code as a shell would report it (128+N for signals)."""
-    return 128 - code if code < 0 else code
 
 
 class Launcher:
@@ -101,8 +72,9 @@ class Launcher:
             TF_CONFIG after `REPLACEMENT_DELAY_SECONDS` to rejoin the running
             job, up to `max_restarts` times in all (not one that exits with
             `EXIT_LATE`: the job runs a later fit than it can join); the job succeeds
-            when every worker left does. Workers get ``TFDIST_ELASTIC=1``, which
-            `tfdist_ext.Strategy` reads.
+            when every worker left does and fails when the last worker in it does
+            (replacements not yet admitted, `MEMBER_FILE`, are stopped). Workers get
+            ``TFDIST_ELASTIC=1``, which `tfdist_ext.Strategy` reads.
         preload: Module names (``["tensorflow", "keras"]``) imported once by a template
             process that forks the workers (`tfdist_ext.launch.preload`; None reads
             ``TFDIST_PRELOAD``). Other commands than ``python script.py`` / ``python -m
@@ -122,6 +94,7 @@ class Launcher:
         self._configs: List[str] = []
         self._replaced = set()  # workers started again (elastic)
         self._others_done = None  # when only replacements were left running
+        self._member_dir = None  # elastic: where replacements say they joined (`run`)
         self.out = out or sys.stdout
         self.output = Output(self.out, output, verbose=verbose)
         self.network = network
@@ -162,13 +135,14 @@ class Launcher:
             self.workers.append(self._start_one(number - self.num_workers if server else number,
                                                 server))
 
-    def _start_one(self, index, server=False):
+    def _start_one(self, index, server=False, member_file=None):
         """Starts worker (or parameter server) `index` with its TF_CONFIG."""
         config = self._configs[index + (self.num_workers if server else 0)]
         # `ip netns exec` execs the command: the pid and process group stay the same.
         command = (self.network.wrap(index, self.command, server=server) if self.network
                    else self.command)
-        env = dict(self._common_env(), TF_CONFIG=config)
+        env = dict(self._common_env(), TF_CONFIG=config,
+                   **({MEMBER_FILE: member_file} if member_file else {}))
         arguments = (None if self.network or not self.preload
                      else preload_lib.python_arguments(command))
         process = self._forked(arguments, env) if arguments else None
@@ -176,7 +150,7 @@ class Launcher:
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-        worker = Worker(index, process, server=server)
+        worker = Worker(index, process, server=server, member_file=member_file)
         pump = threading.Thread(target=self._pump, args=(worker,), daemon=True)
         pump.start()
         self._pumps.append(pump)
@@ -246,7 +220,8 @@ class Launcher:
                 del self._replacements[index]
                 position = next(i for i, w in enumerate(self.workers)
                                 if w.index == index and not w.server)
-                self.workers[position] = self._start_one(index)
+                self.workers[position] = self._start_one(index, member_file=os.path.join(
+                    self._member_dir, f"w{index}-{time.monotonic_ns()}"))
                 self._replaced.add(index)
         self._stop_late_replacements()
 
@@ -302,6 +277,7 @@ class Launcher:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.signal(sig, self._on_signal)
         self._started = time.monotonic()
+        self._member_dir = tempfile.mkdtemp(prefix="tfdist-members-") if self.elastic else None
         try:
             while True:
                 self._failure = None
@@ -318,6 +294,7 @@ class Launcher:
             if any(w.process.poll() is None for w in self.workers):
                 self.stop_all()  # An exception left workers running.
             self._close_template()
+            shutil.rmtree(self._member_dir or "", ignore_errors=True)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 
@@ -352,7 +329,8 @@ class Launcher:
                 if code is not None and code != 0 and worker.returncode is None:
                     worker.returncode = code
                     others = [w for w in self.workers if not w.server and w is not worker
-                              and w.index not in self.lost and w.process.poll() in (None, 0)]
+                              and w.index not in self.lost and w.process.poll() in (None, 0)
+                              and w.member]
                     if self.elastic and not worker.server and others:
                         late = code == EXIT_LATE  # the job runs a later fit than its script's
                         self.say(f"{worker.name} (pid {worker.process.pid}) {describe_exit(code)}"
@@ -367,11 +345,14 @@ class Launcher:
                     running = [w.index for w in alive if not w.server]
                     servers = [w.index for w in alive if w.server]
                     self._failure = f"{worker.name} {describe_exit(code)}"
-                    waiting, self._replacements = sorted(self._replacements), {}
+                    waiting = sorted({w.index for w in alive if not w.member}
+                                     | set(self._replacements))
+                    self._replacements = {}
                     self.say(f"{worker.name} (pid {worker.process.pid}) {describe_exit(code)}"
-                             + (f", the last worker running: worker(s) {waiting} died before"
-                                " it and have no job left to rejoin (--elastic); the job "
-                                "failed" if waiting else "") + f"; stopping workers {running}"
+                             + (f", the last worker in the job: worker(s) {waiting} died before"
+                                " it and have not rejoined, and there is no job left to rejoin"
+                                " (--elastic); the job failed" if waiting else "")
+                             + f"; stopping workers {running}"
                              + (f" and parameter servers {servers}." if servers else "."))
                     self.stop_all()
                     return shell_code(code)
