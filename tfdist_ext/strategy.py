@@ -153,15 +153,16 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
         return self.membership.recovery
 
     def reconfigure_workers(self, worker_index: int, num_workers: int, generation: int,
-                            kv=None, wire: bool = True):
+                            kv=None, wire: bool = True, chief: Optional[bool] = None):
         """Goes on as worker `worker_index` of `num_workers` (elastic training).
 
         The cross-device ops make new communicators (meeting through `kv`, as
-        `CrossDeviceOps.reconfigure`; with ``wire=False`` not wired up, for
-        a rehearsal: each collective's result is its input), datasets distributed from now on are split among these
-        workers, and worker 0 of them is the chief (it checkpoints).
+        `CrossDeviceOps.reconfigure`; with ``wire=False`` not wired up, for a
+        rehearsal: each collective's result is its input), datasets distributed from
+        now on are split among these workers, and this worker is the chief (it
+        checkpoints) if `chief` says so (None: if it is worker 0).
         """
-        self.extended.reconfigure(worker_index, num_workers, generation, kv, wire)
+        self.extended.reconfigure(worker_index, num_workers, generation, kv, wire, chief)
 
     def _abort_collectives(self, reason, task=None):
         """Fails this worker's collectives on both engines (peer `task` is dead)."""
@@ -264,7 +265,10 @@ class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     @property
     def worker_index(self) -> int:
-        """This process's index among the workers (0 without TF_CONFIG; 0 is the chief)."""
+        """This process's index among the workers (0 without TF_CONFIG): its rank. Worker
+        0 is the chief, except after elastic training changed the members, where the
+        chief (`extended.should_checkpoint`) keeps its place and the ranks follow
+        the worker indices (`tfdist_ext.elastic.membership.position`)."""
         return self._cross_ops.first_rank // len(self.extended.worker_devices)
 
     def all_reduce_dense(self, reduce_op, value):

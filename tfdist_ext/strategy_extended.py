@@ -122,13 +122,14 @@ class Extended(_compat.CollectiveAllReduceExtended):
         elastic job, worker 0's included, is ranked after the members' chief)."""
         self._is_chief = False
 
-    def reconfigure(self, worker_index, num_workers, generation, kv=None, wire=True):
+    def reconfigure(self, worker_index, num_workers, generation, kv=None, wire=True,
+                    chief=None):
         """Goes on as worker `worker_index` of `num_workers` (elastic training): TF's
-        view of the cluster (input splitting, the chief) and the cross-device ops
-        (`CrossDeviceOps.reconfigure`, with its `wire`)."""
+        view of the cluster (input splitting, the chief: `chief`, or None for worker
+        0) and the cross-device ops (`CrossDeviceOps.reconfigure`, with its `wire`)."""
         self._num_workers = num_workers
         self._id_in_cluster = worker_index
-        self._is_chief = worker_index == 0
+        self._is_chief = worker_index == 0 if chief is None else chief
         self._cross_device_ops.reconfigure(worker_index, num_workers, generation, kv, wire)
         if self._background_ops is not None:
             self._background_ops.reconfigure(worker_index, num_workers, generation, kv, wire)

@@ -360,20 +360,23 @@ def test_a_function_traced_for_one_membership_serves_another_of_the_same_rank_si
     one_host = ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"]
     two_hosts = ["10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:5000"]
     key = membership.traced_for
-    # Worker 0 stays rank 0 of 3 whatever the others' order: one trace serves.
-    assert key((0, 1, 2), 0, one_host) == key((0, 2, 1), 0, one_host) == (
-        3, 0, ("127.0.0.1",) * 3)
-    # Worker 2's rank changes with the order; so does the size after a death.
-    assert key((0, 1, 2), 2, one_host) != key((0, 2, 1), 2, one_host)
+    # Ranks follow the worker indices whoever is the chief (members[0]): one trace serves.
+    for worker in range(3):
+        assert key((0, 1, 2), worker, one_host) == key((1, 0, 2), worker, one_host) == key(
+            (2, 0, 1), worker, one_host) == (3, worker, ("127.0.0.1",) * 3)
+        assert key((0, 1, 2), worker, two_hosts) == key((2, 1, 0), worker, two_hosts)
+    # A death changes the size, and the ranks of the workers after the dead one.
     assert key((0, 1), 0, one_host) != key((0, 1, 2), 0, one_host)
-    # The hosts in rank order shape the schedules: across hosts the order counts too.
-    assert key((0, 1, 2), 0, two_hosts) != key((0, 2, 1), 0, two_hosts)
-    assert key((1, 0, 2), 1, two_hosts) == key((0, 1, 2), 0, two_hosts)
+    assert key((0, 2), 2, one_host) == (2, 1, ("127.0.0.1",) * 2)
+    # The hosts in rank order shape the schedules: across hosts the members count too.
+    assert key((0, 2), 0, two_hosts) != key((0, 1), 0, two_hosts)
 
 
 def test_an_admission_keeps_the_chief_first_and_ranks_the_others_by_index():
-    # Survivors and a replacement in its predecessor's place get back the ranks they had
-    # at the full size (their kept step functions); only a new chief's rank is new.
+    # The chief leads and checkpoints; every rank is the worker's place by index, so at
+    # the full size every worker is back at its own index, where its step function is
+    # kept, the chief's death and a new chief included (it used to move the new chief
+    # to rank 0, where it traced again).
     assert membership.admitted((0, 2), [1]) == (0, 1, 2)
     assert membership.admitted((0, 1), [2]) == (0, 1, 2)
     assert membership.admitted((1, 2), [0]) == (1, 0, 2)
@@ -382,5 +385,5 @@ def test_an_admission_keeps_the_chief_first_and_ranks_the_others_by_index():
     full = (0, 1, 2, 3)
     for dead in full:
         back = membership.admitted(membership.survivors(full, [dead]), [dead])
-        moved = [w for w in full if back.index(w) != full.index(w)]
-        assert moved == ([] if dead else [0, 1]), (dead, back)  # worker 1 now the chief
+        assert [membership.position(back, w) for w in full] == list(full), (dead, back)
+    assert membership.position((1, 0, 2), 1) == 1 and membership.position((2, 0), 2) == 1

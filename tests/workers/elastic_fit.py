@@ -197,8 +197,8 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     if phase == "wire-up" and index == 1:
         reconfigure = strategy.reconfigure_workers
 
-        def reconfigure_and_die(rank, workers, generation, kv):
-            reconfigure(rank, workers, generation, kv)  # lazy: the wire-up is at first use
+        def reconfigure_and_die(rank, workers, generation, kv, **chief):
+            reconfigure(rank, workers, generation, kv, **chief)  # the wire-up is at first use
             os.kill(os.getpid(), signal.SIGKILL)
 
         strategy.reconfigure_workers = reconfigure_and_die

@@ -1,7 +1,7 @@
 """The members' side of a replacement's join: hearing the request, agreeing on it.
 
 A replacement posts its join request into every member's store
-(`joining.ask`). The members' leader (the first member in rank order) watches
+(`joining.ask`). The members' leader (the first member, the chief) watches
 its own store: when a request arrives from a replacement whose store answers,
 it raises `flag`, a variable every member's next training step all-reduces
 (`tfdist_ext.keras.uneven`) into `agreed`. A positive `agreed` after a step
@@ -30,7 +30,7 @@ class Requests:
     Args:
         own: This worker's `store.Store`.
         prefix: The strategy's key prefix (the same on every worker).
-        members: Returns the workers in the job now, in rank order.
+        members: Returns the workers in the job now, the chief first.
         leads: Returns whether this worker is the members' leader now (a
             replacement not yet admitted is not).
         fit: Returns the members' fit now (`Recovery.fit`).

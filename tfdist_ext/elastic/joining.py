@@ -4,7 +4,7 @@ A replacement (a dead worker's script started again with its TF_CONFIG and
 TFDIST_ELASTIC=1) learns the members' store addresses from their answer at
 its start (`beacon`), posts a join request to every member's store (`ask`)
 and waits in its own store for the admission (`wait_admitted`). Whichever
-member leads when it next looks (the first in rank order: the leader may
+member leads when it next looks (the first of the members: the leader may
 change while the replacement starts) finds the request in its own store
 (`pending`), and after the members' next step writes the admission into the
 replacement's store (`tfdist_ext.elastic.recovery.Recovery.admit`).
@@ -169,7 +169,7 @@ def wait_admitted(own: store.Store, request: str, stores: Mapping[int, str],
 
 
 def members_now(prefix: str, me: int, addresses: Mapping[int, str]):
-    """The running job's members in rank order, their stores ({worker: "host:port"},
+    """The running job's members (the chief first), their stores ({worker: "host:port"},
     this worker's left out) and their fit, as a member's beacon answers now
     (`beacon.running_job`), or None when no member answers. `addresses`: every
     worker's TF_CONFIG address."""
@@ -195,7 +195,7 @@ def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
         own: This worker's store address.
 
     Returns:
-        ({worker: "host:port"}, the members in rank order, or None at a fresh start,
+        ({worker: "host:port"}, the members (the chief first), or None at a fresh start,
         the fit they run, or None).
     """
     running = beacon.found()

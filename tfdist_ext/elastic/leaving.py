@@ -28,14 +28,14 @@ log = logging.getLogger("tfdist_ext")
 
 def agree(kv_set: Callable, kv_get: Callable, prefix: str, me: int, members: Iterable[int],
           leaving: bool, seconds: float) -> List[int]:
-    """Every member's answer to "do you leave?"; returns the leavers in rank order.
+    """Every member's answer to "do you leave?"; returns the leavers in the members' order.
 
     Args:
         kv_set, kv_get: The meeting place's `set(key, value)` and
             `get(key, seconds)`.
         prefix: Unique to this agreement, the same on every member.
         me: This worker's TF_CONFIG index.
-        members: The members now, in rank order.
+        members: The members now, the chief first.
         leaving: Whether this worker was asked to stop.
         seconds: How long to wait for each member's answer (TimeoutError after).
     """

@@ -32,16 +32,16 @@ def survivors(members: Sequence[int], dead) -> Tuple[int, ...]:
 
 
 def position(members: Sequence[int], worker: int) -> int:
-    """`worker`'s rank in `members` (its index there)."""
-    return list(members).index(worker)
+    """`worker`'s rank among `members`: its place among them by worker index. The
+    chief, ``members[0]``, need not be rank 0; ranked by index, every worker is back at
+    its own index whenever the job is back at full size, where its step function is
+    kept (`traced_for`), whoever the chief is."""
+    return sorted(members).index(worker)
 
 
 def admitted(members: Sequence[int], joiners) -> Tuple[int, ...]:
     """The members once `joiners` are taken in: the chief (``members[0]``) first, then
-    the other members and the joiners by worker index. Members that lost no rank at a
-    failure, and a replacement in its predecessor's place, are then at the rank they
-    had at this size before, where their step functions are kept (`traced_for`);
-    only a new chief's rank is new to it."""
+    the other members and the joiners by worker index."""
     members = tuple(members)
     return members[:1] + tuple(sorted(set(members[1:]) | set(joiners)))
 
@@ -63,7 +63,7 @@ def traced_for(members: Sequence[int], worker: int, addresses: Sequence[str]) ->
     communicators are the generation's, `collectives.ucx_slots`). A function traced
     for another membership with the same value runs unchanged. `addresses`: every
     worker's "host:port" (TF_CONFIG)."""
-    hosts = tuple(addresses[w].rpartition(":")[0] for w in members)
+    hosts = tuple(addresses[w].rpartition(":")[0] for w in sorted(members))
     return len(members), position(members, worker), hosts
 
 
@@ -133,7 +133,7 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone, hold
             decision = json.loads(kv_get(f"{prefix}/members", 2 * timeout))
         except (TimeoutError, KeyError) as err:
             raise LeaderLost(
-                f"worker {me}: worker {leader}, the first survivor in rank order, did not announce "
+                f"worker {me}: worker {leader}, the first survivor in the members' order, did not announce "
                 f"the new membership within {2 * timeout:g} s ({err}); raise "
                 "Elastic(recover_seconds=...) on slow links.") from None
     members = tuple(decision["members"])

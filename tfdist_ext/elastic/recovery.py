@@ -8,7 +8,7 @@ discarded and the survivors go on in the same processes:
    step in flight fails on every survivor (one whose step had finished, in its next).
 2. Discard: the failed step's batch is consumed and its update not trusted.
 3. Agree: the survivors health-check the members and report what they found and
-   their step counts; the first survivor in rank order announces the membership
+   their step counts; the first survivor in the members' order announces the membership
    (`membership.agree`, in its store, `store.py`: TF's coordination service dies
    with worker 0). Fewer than `min_workers` stops every survivor, naming the missing.
 4. Rebuild: new communicators for the new world size and rank (`CrossDeviceOps.
@@ -16,13 +16,13 @@ discarded and the survivors go on in the same processes:
    same rank among as many members on the same hosts (`keras.elastic_steps`).
 5. Agree on state: the first survivor that holds it (not a replacement whose
    admission failed) broadcasts the model's and optimizer's variables; survivors
-   that ran fewer steps skip the difference. A new rank 0 is the chief.
+   that ran fewer steps skip the difference. The first survivor is the chief.
 
 The survivors split each global batch (`keras.local_input`), so no shard is lost.
 A replacement (the dead worker's script started again) finds the members
 (`beacon`), asks to join in their `fit` and waits (`join`, `joining`); they admit
 it after the same step (`admission`, `admit`): a new generation ranked by
-`membership.admitted`, rank 0's state broadcast, and its `fit` resumes at their
+`membership.admitted`, the chief's state broadcast, and its `fit` resumes at their
 epoch and batch. A death during a recovery or an admission makes the survivors
 agree again (`recover_and_share`). SIGTERM or a straggler leaves (`leaving`).
 """
@@ -67,7 +67,8 @@ class Recovery:
             "members", "time" and "reason".
         replacement: Whether this process joined a running job (a replacement).
         holds_state, state_root: Whether this worker holds the training state (a
-            replacement once its admission's broadcast completed); the rank it comes from.
+            replacement once its admission's broadcast completed); the chief's rank, or
+            after a recovery that of the first survivor that holds the state.
         found, found_fit: The members a replacement found running (at its start,
             `look_again`) and their fit (None: not known).
         fit: `fit` calls begun on this strategy (`begin_fit`).
@@ -94,8 +95,7 @@ class Recovery:
         self._lock = threading.Lock()  # the watcher's aborts against a membership change
         self._reported_dead = {}  # worker -> health.GONE / UNREACHABLE, from the watcher
         self.frozen, self._on_promotion = None, []  # (why this worker, frozen, was removed)
-        self.position = (0, 0)  # (epoch, batch) of the running fit (keras.elastic_steps)
-        self.steps = 0  # train steps of the running fit so far (keras.elastic_steps)
+        self.position, self.steps = (0, 0), 0  # the running fit's (epoch, batch), steps
         self.state_stale = False  # the members changed outside a step function
         # Every worker serves a store; the members meet in their leader's.
         self._store = store.Store(self._addresses[self.me].rpartition(":")[0].strip("[]"))
@@ -166,7 +166,7 @@ class Recovery:
         """A replacement worker: asks the members to take it in and waits until they do.
 
         Args:
-            variables: The model's and optimizer's variables, received from rank 0.
+            variables: The model's and optimizer's variables, received from the chief.
 
         Returns:
             The admission: "generation", "members", "stores", "steps" and "test_steps"
@@ -201,16 +201,17 @@ class Recovery:
     def change(self, generation, members):
         """Goes on as a member of `members` (generation `generation`)."""
         was_chief = self.members[0] == self.me and not self.joining
-        rank = membership.position(members, self.me)
-        self.state_root = 0
+        rank, chief = membership.position(members, self.me), members[0] == self.me
+        self.state_root = membership.position(members, members[0])
         with self._lock:
             self.generation, self.members = generation, members
-            self._strategy.reconfigure_workers(rank, len(members), generation, self._meeting())
+            self._strategy.reconfigure_workers(rank, len(members), generation, self._meeting(),
+                                               chief=chief)
         self._split[0].assign(rank)
         self._split[1].assign(len(members))
         if self.stragglers is not None:
             self.stragglers.reset()
-        if rank == 0 and not was_chief:
+        if chief and not was_chief:
             log.warning("tfdist_ext: worker %d is now the chief (it writes the checkpoints).",
                         self.me)
             for callback in list(self._on_promotion):
@@ -234,7 +235,7 @@ class Recovery:
                     f"generation {self.generation}'s communicators."))
         return store.Client(self._stores[self.members[0]], check)
 
-    def kv(self, leader=None):  # the members' meeting place: `leader`'s (or rank 0's) store
+    def kv(self, leader=None):  # the members' meeting place: `leader`'s (or the chief's) store
         return store.Client(self._stores[self.members[0] if leader is None else leader])
 
     @contextlib.contextmanager
@@ -287,7 +288,7 @@ class Recovery:
         """`run()`, an eager collective outside Keras' step functions (Keras reading its
         metrics at an epoch end); after a death in it the survivors agree and this worker
         returns `alone()` (running `run` again could pair with another survivor's next
-        collective); the next step broadcasts rank 0's state (`state_stale`). A
+        collective); the next step broadcasts `state_root`'s state (`state_stale`). A
         replacement not yet admitted (no members to agree with) raises the error."""
         try:
             return run()
@@ -393,8 +394,7 @@ class Recovery:
         return level - steps
 
     def broadcast_state(self, variables):
-        """Gives every member the values of `variables` (eager; `state_sync.broadcast`)
-        of rank 0, or after a recovery of the first survivor that held the state."""
+        """Gives every member rank `state_root`'s `variables` (`state_sync.broadcast`)."""
         state_sync.broadcast(self._strategy.extended.cross_device_ops.engines.main(),
                              variables, root=self.state_root)
         self.holds_state = True

@@ -32,7 +32,7 @@ def rehearsal(strategy, recovery):
     """
     members = expected(recovery.found, recovery.me)
     strategy.reconfigure_workers(membership.position(members, recovery.me), len(members),
-                                 recovery.generation, wire=False)
+                                 recovery.generation, wire=False, chief=False)
     recovery.rehearsing = True
     try:
         yield members

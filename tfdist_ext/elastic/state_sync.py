@@ -2,7 +2,7 @@
 
 After a failed step the survivors may hold different weights (one applied
 the update, another did not), and a replacement holds none of the members'
-training: one broadcast per dtype from a member that holds the state (rank 0,
+training: one broadcast per dtype from a member that holds the state (the chief,
 or the first survivor that holds it, `membership.agree`) makes them equal.
 """
 

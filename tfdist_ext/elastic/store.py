@@ -4,7 +4,7 @@ TF's coordination service, whose store `tfdist_ext.coordination` uses, runs in
 worker 0's process and dies with it. In elastic training every worker also
 serves this small store (Python's standard XML-RPC server, on a thread, on
 its TF_CONFIG host and a free port); the survivors of a failure meet in the
-store of the first survivor in rank order. Like TF's own gRPC server it is
+store of the first survivor in the members' order. Like TF's own gRPC server it is
 unauthenticated: run jobs on networks you trust.
 
 Keys are set once; `get` waits until the key exists or the timeout passes.

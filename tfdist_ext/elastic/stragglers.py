@@ -94,7 +94,7 @@ class Monitor:
         Args:
             now: `time.time()` at the step's end.
             steps: Training steps of this `fit` so far.
-            members: The members now, in rank order.
+            members: The members now, the chief first.
         """
         self.ended.assign(now)
         row = self.table.numpy()

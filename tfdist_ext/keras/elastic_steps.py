@@ -6,7 +6,7 @@ with the survivors (`tfdist_ext.elastic`).
 once per step; a failed test step's batch is left out of the metrics. On a failed step the
 wrapper has the strategy's `elastic.recovery.Recovery` agree on the survivors
 and rebuild the communicators, traces Keras' functions again, gives every
-member rank 0's weights and optimizer state, and returns the last good step's
+member the first survivor's weights and optimizer state, and returns the last good step's
 logs (another death during that, again). A survivor that ran fewer steps than the others (its step had failed
 while theirs had finished) then skips as many calls, consuming their
 batches without training, so that all members' steps pair up again until the
