@@ -216,4 +216,9 @@ def stores_at_start(prefix: str, me: int, members: Sequence[int], own: str):
             f"worker {me} was started again while its job runs, but no member answered its "
             "query on UDP at start-up (sent to their TF_CONFIG ports; "
             "`tfdist_ext.elastic.beacon`): let UDP through on the TF_CONFIG ports.") from None
-    return {w: own if w == me else kv.get(f"{key}/{w}") for w in members}, None, None
+    stores = {w: own if w == me else kv.get(f"{key}/{w}") for w in members}
+    # Every worker is here: a job started with this worker in it. A replacement that
+    # found no job while its last members were failing meets none and waits here, out
+    # of the job, until `tfdist-run --elastic` stops it with them.
+    starting.in_the_job()
+    return stores, None, None

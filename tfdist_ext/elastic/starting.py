@@ -44,7 +44,6 @@ def at_import(spec, environ=os.environ) -> Start:
     others = [a for i, a in enumerate(spec.jobs["worker"]) if i != spec.task_index]
     answer = beacon.running_job(others)
     if answer is None:
-        in_the_job(environ)
         return Start(recoverable=True)
     beacon.remember(answer)
     log.warning("tfdist_ext: worker %d starts while its job runs: it joins as a replacement.",
@@ -54,9 +53,10 @@ def at_import(spec, environ=os.environ) -> Start:
 
 def in_the_job(environ=os.environ):
     """Tells `tfdist-run --elastic`, if it started this worker again, that the worker is
-    in the job now (admitted, or starting with the others): it creates the file
-    `options.MEMBER_FILE` names. The launcher stops the replacements that are not in
-    the job when the last worker in it fails."""
+    in the job now (admitted, or, when no member answered at its start, once it met
+    every other worker at the job's start, `joining.stores_at_start`): it creates the
+    file `options.MEMBER_FILE` names. The launcher stops the replacements that are not
+    in the job when the last worker in it fails."""
     path = environ.get(options_lib.MEMBER_FILE)
     if path:
         try:

@@ -14,7 +14,7 @@ REPLACEMENT_DELAY_SECONDS = 2.0
 # the members' one) exits with this code; `tfdist-run --elastic` does not start it again.
 EXIT_LATE = 76
 # A worker `tfdist-run --elastic` started again finds this file path in the variable and
-# creates the file once it is in the job (admitted, or its start was the job's start). When
+# creates the file once it is in the job (admitted, or it met every worker at a start). When
 # the last worker in the job fails, the launcher stops the replacements without one: there
 # is no job left for them to join, and none of them should start the job afresh.
 MEMBER_FILE = "TFDIST_MEMBER_FILE"
