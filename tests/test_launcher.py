@@ -218,15 +218,20 @@ def test_max_restarts_starts_the_job_again_and_says_why(tmp_path, mode, code, re
     assert f"restart {restarts + 1} of" not in out
 
 
+def _assert_the_job_failed(launcher, out, stopped):
+    """Worker 2, the last in the job, failed with code 3 after workers 0 and 1."""
+    assert launcher.returncode == 3, out
+    assert ("worker 2 (pid " in out and "exited with code 3, the last worker in the job: "
+            "worker(s) [0, 1] died before it and have not rejoined, and there is no job "
+            f"left to rejoin (--elastic); the job failed; stopping workers {stopped}.") in out, out
+
+
 def test_an_elastic_job_whose_every_worker_dies_fails(tmp_path, how):
     # Each death leaves others running, so each dead worker awaits its replacement; when
     # the last one dies there is no job to rejoin: the job failed, not "finished".
     launcher = _start(tmp_path, 3, "all_fail", how, "--elastic")
     out, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == 3, out
-    assert ("worker 2 (pid " in out and "exited with code 3, the last worker in the job: "
-            "worker(s) [0, 1] died before it and have not rejoined, and there is no job "
-            "left to rejoin (--elastic); the job failed; stopping workers [].") in out, out
+    _assert_the_job_failed(launcher, out, stopped=[])
     assert "the job finished" not in out and "starts again in" in out
 
 
@@ -236,10 +241,7 @@ def test_replacements_not_yet_in_the_job_are_stopped_when_its_last_worker_dies(t
     # job, dies: the job failed; the replacement must not go on and start it afresh.
     launcher = _start(tmp_path, 3, "members_die", how, "--elastic")
     out, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == 3, out
-    assert ("worker 2 (pid " in out and "exited with code 3, the last worker in the job: "
-            "worker(s) [0, 1] died before it and have not rejoined, and there is no job "
-            "left to rejoin (--elastic); the job failed; stopping workers [0].") in out, out
+    _assert_the_job_failed(launcher, out, stopped=[0])
     assert out.count("hello from 0") == 2 and out.count("hello from 1") == 1, out
 
 
