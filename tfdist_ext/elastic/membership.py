@@ -133,8 +133,8 @@ def _agree(kv_set, kv_get, prefix, me, alive, leader, steps, timeout, gone, hold
             decision = json.loads(kv_get(f"{prefix}/members", 2 * timeout))
         except (TimeoutError, KeyError) as err:
             raise LeaderLost(
-                f"worker {me}: worker {leader}, the first survivor in the members' order, did not announce "
-                f"the new membership within {2 * timeout:g} s ({err}); raise "
+                f"worker {me}: worker {leader}, the first survivor in the members' order, did "
+                f"not announce the new membership within {2 * timeout:g} s ({err}); raise "
                 "Elastic(recover_seconds=...) on slow links.") from None
     members = tuple(decision["members"])
     if me not in members:

@@ -92,7 +92,6 @@ class Launcher:
         self.lost: List[int] = []  # workers that died in an elastic job, not replaced
         self._replacements: Dict[int, float] = {}  # elastic: worker -> when it starts again
         self._configs: List[str] = []
-        self._replaced = set()  # workers started again (elastic)
         self._others_done = None  # when only replacements were left running
         self._member_dir = None  # elastic: where replacements say they joined (`run`)
         self.out = out or sys.stdout
@@ -222,14 +221,13 @@ class Launcher:
                                 if w.index == index and not w.server)
                 self.workers[position] = self._start_one(index, member_file=os.path.join(
                     self._member_dir, f"w{index}-{time.monotonic_ns()}"))
-                self._replaced.add(index)
         self._stop_late_replacements()
 
     def _stop_late_replacements(self):
         """Stops replacements still running `REPLACEMENT_GRACE_SECONDS` after every other
         worker succeeded: they came too late to join (a joined one ends with the others)."""
         workers = [w for w in self.workers if not w.server and w.index not in self.lost]
-        late = [w for w in workers if w.index in self._replaced and w.process.poll() is None]
+        late = [w for w in workers if w.member_file and w.process.poll() is None]
         if not late or any(w.process.poll() != 0 for w in workers if w not in late):
             self._others_done = None
             return
