@@ -102,12 +102,10 @@ class Extended(_compat.CollectiveAllReduceExtended):
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
         # MWMS broadcasts initial values from the chief with TF's collectives, which
         # cannot change members: a worker joining a running job, and everyone after a
-        # membership change, takes its own (the state comes from rank 0 later).
-        if replica_id != 0 or not self._container_strategy().membership.changed:
-            return super()._get_variable_creator_initial_value(
-                replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
-
-        def initial_value_fn():
+        # membership change, takes its own (the state comes from rank 0 later). A death
+        # during that broadcast (Keras building a model at fit's start) is survived as
+        # one between steps (`between_steps`): the first step then broadcasts the state.
+        def own_value():
             with _compat.ops.device(device):
                 value = kwargs["initial_value"]
                 value = value() if callable(value) else value
@@ -115,7 +113,14 @@ class Extended(_compat.CollectiveAllReduceExtended):
                     value = value.wrapped_value
                 return _compat.ops.convert_to_tensor(value, dtype=kwargs.get("dtype", None))
 
-        return initial_value_fn
+        membership = self._container_strategy().membership
+        if replica_id == 0 and membership.changed:
+            return own_value
+        broadcast = super()._get_variable_creator_initial_value(
+            replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
+        if replica_id != 0 or not membership.changes:
+            return broadcast
+        return lambda: membership.between_steps(broadcast, own_value)
 
     def step_down(self):
         """Not the chief until `reconfigure` makes it rank 0 (a replacement joining an

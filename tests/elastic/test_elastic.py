@@ -232,6 +232,30 @@ def test_a_death_before_the_wire_up_of_new_communicators_is_survived_in_seconds(
 
 @NO_UCX
 @pytest.mark.multiworker
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_death_while_keras_builds_the_model_is_survived(tmp_path, killed):
+    # A worker dies while Keras builds the unbuilt model as fit begins, the others in TF's
+    # broadcast of the initial weights: they used to fail at the chief's death and wait
+    # for ever at another's. Each worker seeded its own initial weights: equal weights at
+    # the end mean that the survivors' first step took the chief's.
+    codes, texts, results = run_job(tmp_path, "build", kill_worker=killed, kill_step=0,
+                                     extra=(2, "mlp-unbuilt", "build"))
+    survivors = [w for w in range(3) if w != killed]
+    assert codes[killed] == -9 and [codes[w] for w in survivors] == [0, 0], \
+        [t[-3000:] for t in texts]
+    first, second = (results[w] for w in survivors)
+    assert first["sha"] == second["sha"] and first["optimizer_sha"] == second["optimizer_sha"]
+    assert first["members"] == survivors
+    assert [f["dead"] for f in first["failures"]] == [[killed]], first["failures"]
+    killed_at = float((tmp_path / "build" / "killed.txt").read_text())
+    assert first["failures"][0]["time"] - killed_at < 10
+    assert ("worker 1 is now the chief" in texts[1]) == (killed == 0)
+    assert first["iterations"] == second["iterations"] == 2 * 27  # no step lost
+    assert first["loss"][-1] < first["loss"][0]
+
+
+@NO_UCX
+@pytest.mark.multiworker
 @pytest.mark.alone
 def test_a_death_while_keras_reads_its_metrics_at_an_epoch_end_is_survived(tmp_path):
     # Worker 2 dies after the last batch of epoch 1 (27 batches): the others are in

@@ -32,7 +32,10 @@ killed at the same step; "backup": as "train", and every worker has the user's
 earlier epoch at its start; "earlystop": as "train", and every worker has
 `ReduceLROnPlateau` and `EarlyStopping(restore_best_weights=True)` that lower the
 learning rate after epochs 2 and 3 and stop after epoch 3 (no epoch improves on the
-first by 10), so that a replacement joining in epoch 2 must take their counters; "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
+first by 10), so that a replacement joining in epoch 2 must take their counters; "build": MODEL "mlp-unbuilt", each worker seeding its own initial weights
+(1 + its index), and worker KILL_WORKER SIGKILLs itself while Keras builds the model as
+fit begins, when the others are in TF's broadcast of the initial weights (KILL_STEP is
+ignored); "straggler": `Elastic(straggler_factor=3, straggler_steps=10)`,
 and worker KILL_WORKER sleeps 50 ms before each training step from KILL_STEP on; "netcut": under `tfdist-run --link-bandwidth`, worker
 KILL_WORKER takes its namespace's link down instead, and stays cut off);
 worker KILL_WORKER SIGKILLs itself at training step KILL_STEP (-1: nobody dies). Each worker that ends
@@ -153,12 +156,19 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     x, y, x_test, y_test = data()
     if model_name == "embedding":  # features quantized into 16 tokens
         x, x_test = (np.clip(np.round(v * 2) + 8, 0, 15).astype("int32") for v in (x, x_test))
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(1 + (index if phase == "build" else 0))
     with strategy.scope():
         model = build(model_name.replace("-arrays", ""))
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
+    if phase == "build" and index == int(kill_worker) and not strategy.elastic.replacement:
+        def build_and_die(*args, **kwargs):  # pylint: disable=unused-argument
+            with open(os.path.join(out_dir, "killed.txt"), "w", encoding="utf-8") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        model.layers[-1].build = build_and_die
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
     if phase == "recovery" and index == 0:
         agree = tfdist_ext.elastic.membership.agree
@@ -225,7 +235,8 @@ def main(out_dir, kill_worker, kill_step, epochs="4", model_name="mlp", phase="t
     kill = ([Stamp(out_dir, int(kill_worker), int(kill_step), kill_phase),
              tfdist_ext.elastic.KillAt(int(kill_worker), int(kill_step), signal=sent,
                                        phase=kill_phase)]
-            if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut", "straggler")
+            if int(kill_step) >= 0 and phase not in ("epoch_end", "netcut", "straggler",
+                                                      "build")
             else [])
     if phase == "two":
         kill.append(tfdist_ext.elastic.KillAt((int(kill_worker) + 1) % 3, int(kill_step)))

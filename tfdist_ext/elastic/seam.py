@@ -193,14 +193,17 @@ class Elastic:
         self.recovery.join_agreed.assign(totals[0])
 
     def watch(self, cluster_spec, abort_collectives) -> None:  # pylint: disable=unused-argument
-        """A death aborts the members' UCX communicators (`Recovery.abort_communicators`);
-        the watcher keeps watching after it, for the deaths after. Outside Keras' `fit`,
+        """A death aborts the members' UCX communicators (`Recovery.abort_communicators`)
+        and, until the members first change, TF's collectives (its broadcast of initial
+        values); the watcher keeps watching after it, for the deaths after. Outside Keras' `fit`,
         `evaluate` and `predict` the reason, which the failed collectives raise, says that
         the job stops (`OUTSIDE_KERAS`)."""
         def abort(reason, task):
             if not self._keras_calls:
                 reason = (f"{reason} This worker is outside Keras' fit, evaluate and "
                           f"predict. {OUTSIDE_KERAS}")
+            if not self.changed:  # TF's broadcast of initial values waits for the dead
+                _compat.abort_collective_ops(reason)  # (`between_steps`); unused later
             self.recovery.abort_communicators(reason, task)
 
         liveness.watch(cluster_spec, abort, keep_watching=True)
