@@ -5,7 +5,8 @@
 Every worker trains the same MLP (MODEL "mlp", the default; "mlp-unbuilt": the same
 without an Input, built by Keras when fit begins; "mlp-bn": with a BatchNormalization
 layer, whose moving statistics the workers average at each epoch's end; "embedding": an
-Embedding layer, whose gradients are IndexedSlices, on integer features) on
+Embedding layer, whose gradients are IndexedSlices, and a Dense layer on its 3-D output,
+whose kernel's gradient has an open static shape, on integer features) on
 its part of a fixed synthetic dataset with `Strategy(elastic=True)` and
 momentum SGD (PHASE "test": with validation data, KILL_STEP counting validation
 steps; "epoch_end": the kill comes after batch KILL_STEP of the first epoch
@@ -135,8 +136,8 @@ class WaitForRejoin(keras.callbacks.Callback):
 def build(name):
     if name == "embedding":
         return keras.Sequential([keras.Input((20,), dtype="int32"),
-                                 keras.layers.Embedding(16, 4), keras.layers.Flatten(),
-                                 keras.layers.Dense(4)])
+                                 keras.layers.Embedding(16, 4), keras.layers.Dense(4),
+                                 keras.layers.Flatten(), keras.layers.Dense(4)])
     if name == "mlp-bn":  # BatchNorm: its moving statistics are averaged at every epoch end
         return keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
                                  keras.layers.BatchNormalization(), keras.layers.Dense(4)])

@@ -54,6 +54,8 @@ def wrap_apply(original):
     @functools.wraps(original)
     def backend_apply_gradients(self, grads, trainable_variables):
         strategy = self._distribution_strategy  # pylint: disable=protected-access
+        if frontends.our_strategy(strategy) is not None:
+            grads = [_shaped_as(g, v) for g, v in zip(grads, trainable_variables)]
         if zero.sharded(self) and tf.distribute.get_replica_context() is not None:
             return zero.apply_gradients(self, grads, trainable_variables)
         # One replica needs this path for accumulation only: Keras' `cond` around
@@ -69,6 +71,16 @@ def wrap_apply(original):
         return None
 
     return backend_apply_gradients
+
+
+def _shaped_as(grad, variable):
+    """`grad` with `variable`'s static shape where its own is not fully known (a Dense
+    kernel's gradient on 3-D inputs, through `tensordot`, is (None, units)): the
+    engine all-reduces tensors of known size, TF's own collectives the rest."""
+    if (isinstance(grad, tf.Tensor) and not grad.shape.is_fully_defined()
+            and variable.shape.is_fully_defined()):
+        return tf.ensure_shape(grad, variable.shape)
+    return grad
 
 
 def _tf_variable(variable):
