@@ -77,9 +77,10 @@ def _shaped_as(grad, variable):
     """`grad` with `variable`'s static shape where its own is not fully known (a Dense
     kernel's gradient on 3-D inputs, through `tensordot`, is (None, units)): the
     engine all-reduces tensors of known size, TF's own collectives the rest."""
+    shape = tf.TensorShape(variable.shape)
     if (isinstance(grad, tf.Tensor) and not grad.shape.is_fully_defined()
-            and variable.shape.is_fully_defined()):
-        return tf.ensure_shape(grad, variable.shape)
+            and shape.is_fully_defined()):
+        return tf.ensure_shape(grad, shape)
     return grad
 
 
