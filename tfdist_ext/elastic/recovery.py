@@ -262,13 +262,11 @@ class Recovery:
         joining.check_fit(self.me, self.fit, self.found_fit)
         return True
 
-    def abort_communicators(self, reason: str, task: str):
-        """Fails the collectives in flight if `task` (a TF task name, from the watcher)
-        is a member, or is this worker, frozen and no longer a member (`fencing`);
-        communicators made later work. A worker the members already went on without
-        is ignored: its death must not fail their new communicators. A replacement
-        not yet admitted only notes the death: its communicators (`rehearsal`) meet
-        no peer."""
+    def abort_communicators(self, reason: str, task: str) -> bool:
+        """Fails the collectives in flight (not communicators made later) if `task`, from
+        the watcher, is another member (a replacement not yet admitted only notes it: its
+        `rehearsal` meets no peer), or is this worker, frozen and removed (`fencing`).
+        Returns whether another member's death failed them."""
         dead = {w for w in self._addresses if liveness.task_name("worker", w) == task}
         if self.me in dead:
             try:
@@ -277,12 +275,14 @@ class Recovery:
             except membership.MembershipError as removed:
                 self.frozen = removed
                 ucx_aborts.abort(reason, later=False)
-            return
+            return False
         kind = health.UNREACHABLE if liveness.UNREACHABLE in reason else health.GONE
         with self._lock:
             self._reported_dead.update((w, kind) for w in dead)
-            if dead & set(self.members) and not self.joining:
+            member = bool(dead & set(self.members)) and not self.joining
+            if member:
                 ucx_aborts.abort(reason, later=False)
+        return member
 
     def between_steps(self, run, alone):
         """`run()`, an eager collective outside Keras' step functions (Keras reading its

@@ -202,9 +202,9 @@ class Elastic:
             if not self._keras_calls:
                 reason = (f"{reason} This worker is outside Keras' fit, evaluate and "
                           f"predict. {OUTSIDE_KERAS}")
-            if not self.changed:  # TF's broadcast of initial values waits for the dead
-                _compat.abort_collective_ops(reason)  # (`between_steps`); unused later
-            self.recovery.abort_communicators(reason, task)
+            if self.recovery.abort_communicators(reason, task) and not self.changed:
+                # TF's broadcast of initial values waits for the dead (`between_steps`)
+                _compat.abort_collective_ops(reason)
 
         liveness.watch(cluster_spec, abort, keep_watching=True)
 
